@@ -1,0 +1,1 @@
+"""Control plane: REST API, policy store, maintenance jobs, metrics and the CLI."""

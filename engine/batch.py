@@ -1,0 +1,76 @@
+"""What a policy hands the runner each step, and the accounting every policy fills alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from engine.sequence import Sequence
+
+EntryKind = Literal["prefill", "decode", "pad"]
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    """One sequence's share of a step.
+
+    ``num_new_tokens`` real tokens get K/V computed and stored. ``num_pad_tokens`` are computed
+    and then thrown away: after a prefill chunk they pad the row to its group's length (their
+    K/V go to the row's reserved slots past its real tokens and are overwritten later); alone
+    (``num_new_tokens == 0``) they recompute a finished row's last token, as a padded batch
+    keeps computing rows that are done.
+    """
+
+    seq: Sequence
+    num_new_tokens: int
+    num_pad_tokens: int = 0
+    kind: EntryKind = field(init=False)
+    sample: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.num_new_tokens == 0:
+            self.kind = "pad"
+        elif self.seq.num_uncomputed_tokens == 1:
+            self.kind = "decode"
+        else:
+            self.kind = "prefill"
+        reaches_end = self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        self.sample = self.num_new_tokens > 0 and reaches_end
+
+    @property
+    def query_len(self) -> int:
+        return max(self.num_new_tokens + self.num_pad_tokens, 1)
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    entries: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    mode: str = ""
+    kv_held_slots: int = 0
+    kv_live_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.entries
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.entries)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(e.num_new_tokens for e in self.entries if e.kind == "prefill")
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(e.num_new_tokens for e in self.entries if e.kind == "decode")
+
+    @property
+    def num_padded_tokens(self) -> int:
+        return sum(e.num_pad_tokens for e in self.entries)
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return sum(e.num_new_tokens + e.num_pad_tokens for e in self.entries)

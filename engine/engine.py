@@ -1,0 +1,430 @@
+"""The step loop: apply pending commands, schedule, run, postprocess.
+
+``LLMEngine`` is driven by exactly one thread (its owner): the offline ``LLM`` calls ``step()``
+itself; the server's ``AsyncEngine`` runs it on a background thread. Any other thread may add
+requests or issue commands (policy switch, memory reserve, reclaim, abort): they are queued and
+applied at the next step boundary, so a switch never lands in the middle of a batch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import torch
+from tokenizers import Tokenizer
+
+from engine.batch import ScheduledBatch
+from engine.config import EngineConfig, EngineLimits
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import QueueFull, RequestRejected
+from engine.kv_cache import BlockManager, KVStats, ReclaimResult
+from engine.outputs import RequestMetrics, RequestOutput
+from engine.runner import Runner
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+from engine.stats import EngineStats, StepRecord
+from policies.base import PolicySpec, SchedulingPolicy
+from policies.registry import as_spec, make_policy
+
+T = TypeVar("T")
+Prompt = str | list[int]
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        runner: Runner,
+        limits: EngineLimits,
+        tokenizer: Tokenizer | None = None,
+        eos_token_ids: tuple[int, ...] = (),
+        vocab_size: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        policy: PolicySpec | str | dict[str, Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.runner = runner
+        self.limits = limits
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.vocab_size = vocab_size
+        self.clock = clock
+        self.blocks = BlockManager(
+            limits.num_kv_blocks,
+            limits.block_size,
+            config.memory_reserve,
+            config.enable_prefix_caching,
+        )
+        self.policy_spec = as_spec(policy or config.policy)
+        self.policy: SchedulingPolicy = make_policy(self.policy_spec, limits, self.blocks)
+        self.stats = EngineStats()
+        self.started_at = clock()
+        self.wakeup = threading.Event()
+        self._sequences: dict[str, Sequence] = {}
+        self._inbox: deque[Sequence] = deque()
+        self._commands: deque[tuple[Callable[[], Any], Future]] = deque()
+        self._pending_outputs: list[RequestOutput] = []
+        self._owner = threading.get_ident()
+        self._in_step = False
+
+    @classmethod
+    def from_config(
+        cls, config: EngineConfig, clock: Callable[[], float] = time.monotonic
+    ) -> LLMEngine:
+        from engine.builder import load
+
+        loaded = load(config)
+        limits = EngineLimits(
+            block_size=config.block_size,
+            num_kv_blocks=loaded.num_kv_blocks,
+            max_model_len=loaded.max_model_len,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+        )
+        return cls(
+            config,
+            loaded.runner,
+            limits,
+            tokenizer=loaded.tokenizer,
+            eos_token_ids=loaded.eos_token_ids,
+            vocab_size=loaded.model_config.vocab_size,
+            clock=clock,
+        )
+
+    # -- requests -----------------------------------------------------------------------
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestRejected("this model has no tokenizer: send token ids", "prompt")
+            return self.tokenizer.encode(prompt).ids
+        return list(prompt)
+
+    def add_request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+    ) -> str:
+        """Validate and queue a request (thread-safe); it joins the policy at the next step."""
+        params = params or SamplingParams()
+        token_ids = self.tokenize(prompt)
+        self._check_prompt(token_ids)
+        if self.num_waiting >= self.config.max_waiting:
+            raise QueueFull(f"waiting queue is full (max_waiting={self.config.max_waiting})")
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._sequences or any(s.seq_id == request_id for s in self._inbox):
+            raise RequestRejected(f"request id {request_id!r} is already in use", "request_id")
+        seq = Sequence(
+            request_id, token_ids, params, self.clock() if arrival_time is None else arrival_time
+        )
+        if params.seed is not None:
+            seq.generator = torch.Generator(device=self._device).manual_seed(params.seed)
+        if self.tokenizer is not None:
+            seq.detokenizer = IncrementalDetokenizer.for_prompt(
+                self.tokenizer, len(token_ids), params.stop
+            )
+        self._inbox.append(seq)
+        self.wakeup.set()
+        return request_id
+
+    def _check_prompt(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise RequestRejected("prompt is empty", "prompt")
+        if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in token_ids):
+            raise RequestRejected(f"prompt token ids must be in [0, {self.vocab_size})", "prompt")
+        max_len = self.limits.max_model_len
+        if len(token_ids) >= max_len:
+            raise RequestRejected(
+                f"prompt has {len(token_ids)} tokens; max_model_len is {max_len} "
+                "(the prompt and at least one generated token must fit)",
+                "prompt",
+            )
+        admissible = self.blocks.num_blocks - self.blocks.reserved
+        if self.blocks.blocks_for(len(token_ids) + 1) > admissible:
+            raise RequestRejected(
+                f"prompt has {len(token_ids)} tokens but the KV pool admits at most "
+                f"{admissible * self.limits.block_size} ({admissible} blocks of "
+                f"{self.limits.block_size} above the memory reserve)",
+                "prompt",
+            )
+
+    def abort(self, request_id: str) -> Future[bool]:
+        """Stop a request and free its blocks; its stream ends with ``finish_reason='abort'``."""
+        return self._submit(lambda: self._abort(request_id))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._sequences or self._inbox or self._pending_outputs)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._inbox) + len(self.policy.waiting)
+
+    # -- the step ---------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        started = time.perf_counter()
+        self._in_step = True
+        try:
+            self._apply_commands()
+            outputs, self._pending_outputs = self._pending_outputs, []
+            batch = self.policy.schedule()
+            if batch.is_empty:
+                return outputs
+            now = self.clock()
+            for entry in batch.entries:
+                if entry.seq.first_scheduled_time is None:
+                    entry.seq.first_scheduled_time = now
+            tokens = self.runner.execute(batch)
+            outputs.extend(self._postprocess(batch, tokens))
+            self._record(batch, started, len(tokens))
+            return outputs
+        finally:
+            self._in_step = False
+
+    def _postprocess(self, batch: ScheduledBatch, tokens: list[int]) -> list[RequestOutput]:
+        now = self.clock()
+        sampled = iter(tokens)
+        outputs: list[RequestOutput] = []
+        finished: list[Sequence] = []
+        for entry in batch.entries:
+            seq = entry.seq
+            if entry.num_new_tokens:
+                start = seq.num_computed_tokens
+                seq.num_computed_tokens += entry.num_new_tokens
+                self.blocks.commit(seq.seq_id, seq.token_ids, start, seq.num_computed_tokens)
+            if not entry.sample:
+                continue
+            token = next(sampled)
+            seq.append_token(token, now)
+            self._check_stop(seq, token, now)
+            if seq.is_finished:
+                finished.append(seq)
+            outputs.append(self._output(seq, [token]))
+        self.policy.on_step_done(batch, finished)
+        for seq in finished:
+            self._sequences.pop(seq.seq_id, None)
+            self.stats.record_finish(RequestMetrics.of(seq), seq.num_output_tokens)
+        return outputs
+
+    def _check_stop(self, seq: Sequence, token: int, now: float) -> None:
+        params = seq.params
+        matched = seq.detokenizer.update(seq.token_ids) if seq.detokenizer else None
+        if not params.ignore_eos and token in self.eos_token_ids:
+            seq.finish("stop", now)
+        elif token in params.stop_token_ids:
+            seq.finish("stop", now, stop_reason=token)
+        elif matched is not None:
+            seq.finish("stop", now, stop_reason=matched)
+        elif (
+            seq.num_output_tokens >= params.max_tokens
+            or seq.num_tokens >= self.limits.max_model_len
+        ):
+            seq.finish("length", now)
+
+    def _output(self, seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
+        detok = seq.detokenizer
+        delta = detok.take_delta(seq.is_finished) if detok else ""
+        return RequestOutput(
+            request_id=seq.seq_id,
+            prompt_token_ids=seq.prompt_token_ids,
+            token_ids=seq.output_token_ids,
+            new_token_ids=new_token_ids,
+            text=detok.text[: detok.emitted] if detok else "",
+            text_delta=delta,
+            finish_reason=seq.finish_reason,
+            metrics=RequestMetrics.of(seq),
+            stop_reason=seq.stop_reason,
+        )
+
+    def _record(self, batch: ScheduledBatch, started: float, generated: int) -> None:
+        self.stats.record_step(
+            StepRecord(
+                time=self.clock(),
+                wall_s=time.perf_counter() - started,
+                forward_s=self.runner.last_forward_s,
+                mode=batch.mode,
+                num_seqs=batch.num_seqs,
+                prefill_tokens=batch.num_prefill_tokens,
+                decode_tokens=batch.num_decode_tokens,
+                padded_tokens=batch.num_padded_tokens,
+                generated_tokens=generated,
+                preempted=len(batch.preempted),
+                kv_held_slots=batch.kv_held_slots,
+                kv_live_tokens=batch.kv_live_tokens,
+            )
+        )
+
+    # -- commands (applied at step boundaries) --------------------------------------------
+
+    def bind_to_current_thread(self) -> None:
+        """Make the calling thread the one that steps the engine (the server's loop)."""
+        self._owner = threading.get_ident()
+
+    def _submit(self, command: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        if threading.get_ident() == self._owner and not self._in_step:
+            self._drain_inbox()
+            self._run(command, future)
+        else:
+            self._commands.append((command, future))
+            self.wakeup.set()
+        return future
+
+    def _call(self, command: Callable[[], T], timeout: float | None = 30.0) -> T:
+        return self._submit(command).result(timeout)
+
+    def _run(self, command: Callable[[], Any], future: Future) -> None:
+        try:
+            future.set_result(command())
+        except Exception as exc:  # delivered to whoever waits on the future
+            future.set_exception(exc)
+
+    def _drain_inbox(self) -> None:
+        while self._inbox:
+            seq = self._inbox.popleft()
+            self._sequences[seq.seq_id] = seq
+            self.policy.add(seq)
+
+    def _apply_commands(self) -> None:
+        self.wakeup.clear()
+        self._drain_inbox()
+        while self._commands:
+            command, future = self._commands.popleft()
+            self._run(command, future)
+
+    def has_pending_commands(self) -> bool:
+        return bool(self._commands)
+
+    def set_policy(self, spec: PolicySpec | str | dict[str, Any]) -> Future[PolicySpec]:
+        """Validate now (raises pydantic's ValidationError); switch at the next boundary."""
+        spec = as_spec(spec)
+        new_policy = make_policy(spec, self.limits, self.blocks)
+
+        def switch() -> PolicySpec:
+            new_policy.adopt(self.policy.handover())
+            new_policy.num_preemptions = self.policy.num_preemptions
+            self.policy, self.policy_spec = new_policy, spec
+            return spec
+
+        return self._submit(switch)
+
+    def set_memory_reserve(self, fraction: float) -> Future[float]:
+        if not 0.0 <= fraction <= 0.5:
+            raise ValueError(f"memory_reserve must be in [0.0, 0.5], got {fraction}")
+
+        def apply() -> float:
+            self.blocks.memory_reserve = fraction
+            self.config.memory_reserve = fraction
+            return fraction
+
+        return self._submit(apply)
+
+    def reclaim(self) -> Future[ReclaimResult]:
+        """The maintenance sweep: free leaked blocks, then the memory-reserve guard."""
+
+        def sweep() -> ReclaimResult:
+            live = self.policy.live_ids() | {s.seq_id for s in self._inbox}
+            result = self.blocks.reclaim(live)
+            self.stats.record_reclaim(self.clock(), result)
+            return result
+
+        return self._submit(sweep)
+
+    def leak_sequence(self, request_id: str) -> Future[bool]:
+        """Test hook: drop a request but keep its blocks allocated (what reclaim must fix)."""
+
+        def leak() -> bool:
+            table = self.blocks.tables.pop(request_id, None)
+            chain = self.blocks.chains.pop(request_id, None)
+            seq = self.policy.abort(request_id)
+            self._sequences.pop(request_id, None)
+            if table is not None and chain is not None:
+                self.blocks.tables[request_id] = table
+                self.blocks.chains[request_id] = chain
+            return seq is not None
+
+        return self._submit(leak)
+
+    def _abort(self, request_id: str) -> bool:
+        self._drain_inbox()
+        seq = self._sequences.pop(request_id, None)
+        if seq is None:
+            return False
+        self.policy.abort(request_id)
+        seq.finish("abort", self.clock())
+        self._pending_outputs.append(self._output(seq, []))
+        self.stats.record_finish(RequestMetrics.of(seq), seq.num_output_tokens)
+        return True
+
+    # -- inspection -----------------------------------------------------------------------
+
+    def kv_stats(self) -> KVStats:
+        return self.blocks.stats()
+
+    def snapshot(self) -> dict[str, Any]:
+        """A consistent picture of queue, requests and KV (taken at a step boundary)."""
+        return self._call(self._snapshot)
+
+    def _snapshot(self) -> dict[str, Any]:
+        now = self.clock()
+        requests = []
+        for seq in self._sequences.values():
+            requests.append(
+                {
+                    "id": seq.seq_id,
+                    "state": seq.status.value,
+                    "prompt_tokens": seq.num_prompt_tokens,
+                    "generated_tokens": seq.num_output_tokens,
+                    "blocks": len(self.blocks.tables.get(seq.seq_id, ())),
+                    "age_s": now - seq.arrival_time,
+                    "preemptions": seq.num_preemptions,
+                }
+            )
+        for seq in self._inbox:
+            requests.append(
+                {
+                    "id": seq.seq_id,
+                    "state": "waiting",
+                    "prompt_tokens": seq.num_prompt_tokens,
+                    "generated_tokens": 0,
+                    "blocks": 0,
+                    "age_s": now - seq.arrival_time,
+                    "preemptions": 0,
+                }
+            )
+        policy = self.policy.snapshot()
+        policy["waiting"] += len(self._inbox)
+        return {
+            "policy": self.policy_spec.model_dump(),
+            "scheduler": policy,
+            "memory_reserve": self.blocks.memory_reserve,
+            "uptime_s": now - self.started_at,
+            "requests": requests,
+            "kv": self.blocks.stats().as_dict(),
+            "block_map": self.blocks.block_map(),
+            "throughput": self.stats.throughput(now),
+            "latency": self.stats.latency(now),
+            "totals": {
+                "steps": self.stats.num_steps,
+                "prompt_tokens": self.stats.prompt_tokens,
+                "generation_tokens": self.stats.generation_tokens,
+                "padded_tokens": self.stats.padded_tokens,
+                "preemptions": self.stats.preemptions,
+                "requests_finished": self.stats.requests_finished,
+                "engine_overhead": self.stats.engine_overhead,
+            },
+            "reclaims": [{"time": t, **r._asdict()} for t, r in list(self.stats.reclaims)[-10:]],
+        }
+
+    @property
+    def _device(self) -> torch.device:
+        device = getattr(self.runner, "device", None)
+        return device if isinstance(device, torch.device) else torch.device("cpu")

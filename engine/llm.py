@@ -1,0 +1,114 @@
+"""The offline API: ``LLM(model).generate(prompts, params)``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.checkpoint import default_model_dir
+from engine.config import EngineConfig
+from engine.engine import LLMEngine, Prompt
+from engine.errors import QueueFull
+from engine.kv_cache import KVStats, ReclaimResult
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+from policies.base import PolicySpec
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        policy: str = "continuous",
+        device: str = "cpu",
+        dtype: str = "float32",
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        memory_reserve: float = 0.10,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 2048,
+        max_model_len: int | None = None,
+        enable_prefix_caching: bool = True,
+        attention_backend: str = "auto",
+        num_threads: int | None = None,
+        seed: int = 0,
+        **policy_params: Any,
+    ) -> None:
+        """``model`` is a Hugging Face folder (default: the embedded ``small`` checkpoint);
+        extra keyword arguments are the policy's params."""
+        config = EngineConfig(
+            model=str(model or default_model_dir()),
+            policy=policy,
+            device=device,
+            dtype=dtype,  # type: ignore[arg-type]
+            block_size=block_size,
+            num_kv_blocks=num_kv_blocks,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            memory_reserve=memory_reserve,
+            enable_prefix_caching=enable_prefix_caching,
+            attention_backend=attention_backend,  # type: ignore[arg-type]
+            num_threads=num_threads,
+            seed=seed,
+        )
+        self.engine = LLMEngine.from_config(config)
+        if policy_params:
+            self.set_policy(policy, **policy_params)
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts (strings or token-id lists) to completion; outputs in prompt order."""
+        batch = _as_prompt_list(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            per_prompt = [params or SamplingParams()] * len(batch)
+        else:
+            per_prompt = list(params)
+            if len(per_prompt) != len(batch):
+                raise ValueError(f"got {len(per_prompt)} SamplingParams for {len(batch)} prompts")
+        for prompt in batch:
+            self.engine._check_prompt(self.engine.tokenize(prompt))
+        ids: list[str] = []
+        final: dict[str, RequestOutput] = {}
+        pending = list(zip(batch, per_prompt, strict=True))
+        while pending or self.engine.has_unfinished_requests():
+            while pending:
+                try:
+                    ids.append(self.engine.add_request(*pending[0]))
+                except QueueFull:
+                    break
+                pending.pop(0)
+            for output in self.engine.step():
+                if output.finished:
+                    final[output.request_id] = output
+        return [final[request_id] for request_id in ids]
+
+    def set_policy(self, name: str, **params: Any) -> None:
+        """Switch policy; takes effect at the next step boundary, nothing is lost."""
+        self.engine.set_policy(PolicySpec(name=name, params=params)).result()  # type: ignore[arg-type]
+
+    def set_memory_reserve(self, fraction: float) -> None:
+        self.engine.set_memory_reserve(fraction).result()
+
+    def reclaim(self) -> ReclaimResult:
+        return self.engine.reclaim().result()
+
+    def kv_stats(self) -> KVStats:
+        return self.engine.kv_stats()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+
+def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    items = list(prompts)
+    if items and all(isinstance(t, int) for t in items):
+        return [items]  # one prompt given as token ids
+    return items

@@ -1,0 +1,1 @@
+"""Llama-family decoder that reads Hugging Face checkpoint folders."""

@@ -1,0 +1,171 @@
+"""Turns a ScheduledBatch into one packed forward pass and samples the next tokens.
+
+The interface the engine relies on is ``execute(batch) -> sampled token ids`` (one per entry
+whose ``sample`` is set, in batch order) plus ``last_forward_s``; the simulator swaps in a
+cost-model runner with the same two members.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Protocol
+
+import torch
+
+from engine.batch import ScheduledBatch
+from engine.model.llama import LlamaForCausalLM
+from engine.sampler import Sampler
+from engine.sequence import Sequence
+from kernels.attention import AttentionMetadata, Backend
+
+
+class Runner(Protocol):
+    last_forward_s: float
+
+    def execute(self, batch: ScheduledBatch) -> list[int]: ...
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_caches: list[torch.Tensor],
+        block_size: int,
+        backend: Backend,
+        sampler: Sampler,
+        pad_token_id: int = 0,
+    ) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.backend = backend
+        self.sampler = sampler
+        self.pad_token_id = pad_token_id
+        self.device = kv_caches[0].device
+        self.last_forward_s = 0.0
+        self._workspace: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> list[int]:
+        if batch.block_copies:
+            self._copy_blocks(batch.block_copies)
+        input_ids, positions, meta, sample_rows, sample_seqs = self._prepare(batch)
+        started = time.perf_counter()
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        tokens: list[int] = []
+        if sample_rows:
+            rows = torch.tensor(sample_rows, device=self.device)
+            logits = self.model.compute_logits(hidden.index_select(0, rows))
+            tokens = self.sampler(logits, sample_seqs)
+        elif self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.last_forward_s = time.perf_counter() - started
+        return tokens
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        src = torch.tensor([s for s, _ in copies], device=self.device)
+        dst = torch.tensor([d for _, d in copies], device=self.device)
+        for cache in self.kv_caches:
+            cache[:, dst] = cache[:, src]
+
+    def _prepare(self, batch: ScheduledBatch):
+        size = self.block_size
+        decodes = [e for e in batch.entries if e.query_len == 1]
+        prefills = [e for e in batch.entries if e.query_len > 1]
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        decode_lens: list[int] = []
+        decode_tables: list[list[int]] = []
+        sample_index: dict[int, int] = {}
+        for entry in decodes:
+            seq = entry.seq
+            if entry.kind == "pad":
+                p = seq.num_computed_tokens - 1
+                slot, seq_len = -1, seq.num_computed_tokens
+            else:
+                p = seq.num_computed_tokens
+                slot, seq_len = seq.block_table[p // size] * size + p % size, p + 1
+            if entry.sample:
+                sample_index[id(entry)] = len(ids)
+            ids.append(seq.token_ids[p])
+            pos.append(p)
+            slots.append(slot)
+            decode_lens.append(seq_len)
+            decode_tables.append(seq.block_table[: -(-seq_len // size)])
+        prefill_lens: list[int] = []
+        query_start = [0]
+        prefill_tables: list[list[int]] = []
+        prefill_slots: list[torch.Tensor] = []
+        for entry in prefills:
+            seq = entry.seq
+            start, real = seq.num_computed_tokens, entry.num_new_tokens
+            seq_len = start + real + entry.num_pad_tokens
+            if entry.sample:
+                sample_index[id(entry)] = len(ids) + real - 1
+            ids.extend(seq.token_ids[start : start + real])
+            ids.extend([self.pad_token_id] * entry.num_pad_tokens)
+            pos.extend(range(start, seq_len))
+            table = seq.block_table[: -(-seq_len // size)]
+            if len(table) * size < seq_len:
+                raise RuntimeError(f"sequence {seq.seq_id} has no slots for its padding")
+            prefill_tables.append(table)
+            prefill_lens.append(seq_len)
+            query_start.append(query_start[-1] + real + entry.num_pad_tokens)
+            positions_t = torch.arange(start, seq_len)
+            prefill_slots.append(
+                torch.tensor(table)[positions_t // size] * size + positions_t % size
+            )
+        slot_mapping = torch.tensor(slots, dtype=torch.int64)
+        if prefill_slots:
+            slot_mapping = torch.cat([slot_mapping, *prefill_slots])
+        sample_rows: list[int] = []
+        sample_seqs: list[Sequence] = []
+        for entry in batch.entries:
+            if entry.sample:
+                sample_rows.append(sample_index[id(entry)])
+                sample_seqs.append(entry.seq)
+        meta = AttentionMetadata(
+            slot_mapping=slot_mapping.to(self.device),
+            num_decode_tokens=len(decodes),
+            decode_block_tables=self._table_tensor(decode_tables),
+            decode_seq_lens=torch.tensor(decode_lens, dtype=torch.int32, device=self.device),
+            prefill_block_tables=self._table_tensor(prefill_tables),
+            prefill_seq_lens=prefill_lens,
+            prefill_query_start_loc=query_start,
+            prefill_seq_lens_tensor=torch.tensor(
+                prefill_lens, dtype=torch.int32, device=self.device
+            ),
+            prefill_query_start_loc_tensor=torch.tensor(
+                query_start, dtype=torch.int32, device=self.device
+            ),
+            max_prefill_query_len=max(
+                (b - a for a, b in itertools.pairwise(query_start)), default=0
+            ),
+            backend=self.backend,
+            workspace=self._decode_workspace(decode_tables),
+        )
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        positions = torch.tensor(pos, dtype=torch.int64, device=self.device)
+        return input_ids, positions, meta, sample_rows, sample_seqs
+
+    def _table_tensor(self, tables: list[list[int]]) -> torch.Tensor:
+        width = max((len(t) for t in tables), default=0)
+        rows = [t + [0] * (width - len(t)) for t in tables]
+        return torch.tensor(rows, dtype=torch.int32, device=self.device).view(len(tables), width)
+
+    def _decode_workspace(self, tables: list[list[int]]):
+        """Reused gather buffers for the torch decode path (see kernels.reference)."""
+        if self.backend != "torch" or not tables:
+            return None
+        needed = len(tables) * max(len(t) for t in tables)
+        if self._workspace is None or self._workspace[0].shape[0] < needed:
+            capacity = 1 << (needed - 1).bit_length()
+            cache = self.kv_caches[0]
+            shape = (capacity, *cache.shape[2:])
+            self._workspace = (
+                torch.empty(shape, dtype=cache.dtype, device=self.device),
+                torch.empty(shape, dtype=cache.dtype, device=self.device),
+            )
+        return self._workspace

@@ -1,0 +1,109 @@
+"""Per-step records and rolling request statistics: the numbers the metrics, the console and
+the benchmark all report."""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.kv_cache import ReclaimResult
+from engine.outputs import RequestMetrics
+
+PERCENTILES = (50, 95, 99)
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    time: float
+    wall_s: float
+    forward_s: float
+    mode: str
+    num_seqs: int
+    prefill_tokens: int
+    decode_tokens: int
+    padded_tokens: int
+    generated_tokens: int
+    preempted: int
+    kv_held_slots: int
+    kv_live_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRecord:
+    time: float
+    ttft: float | None
+    tpot: float | None
+    e2e: float | None
+    output_tokens: int
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[min(int(q), 99) - 1]
+
+
+@dataclass
+class EngineStats:
+    window_s: float = 10.0
+    steps: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=8192))
+    finished: deque[FinishedRecord] = field(default_factory=lambda: deque(maxlen=2048))
+    reclaims: deque[tuple[float, ReclaimResult]] = field(default_factory=lambda: deque(maxlen=64))
+    num_steps: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    padded_tokens: int = 0
+    preemptions: int = 0
+    requests_finished: int = 0
+    wall_s: float = 0.0
+    forward_s: float = 0.0
+
+    def record_step(self, record: StepRecord) -> None:
+        self.steps.append(record)
+        self.num_steps += 1
+        self.prompt_tokens += record.prefill_tokens
+        self.generation_tokens += record.generated_tokens
+        self.padded_tokens += record.padded_tokens
+        self.preemptions += record.preempted
+        self.wall_s += record.wall_s
+        self.forward_s += record.forward_s
+
+    def record_finish(self, metrics: RequestMetrics, output_tokens: int) -> None:
+        self.requests_finished += 1
+        self.finished.append(
+            FinishedRecord(
+                metrics.finish_time or 0.0, metrics.ttft, metrics.tpot, metrics.e2e, output_tokens
+            )
+        )
+
+    def record_reclaim(self, now: float, result: ReclaimResult) -> None:
+        self.reclaims.append((now, result))
+
+    @property
+    def engine_overhead(self) -> float:
+        """Share of step wall time spent outside the model forward."""
+        return (self.wall_s - self.forward_s) / self.wall_s if self.wall_s else 0.0
+
+    def throughput(self, now: float) -> dict[str, float]:
+        """Tokens per second over the last ``window_s`` seconds of steps."""
+        since = now - self.window_s
+        recent = [s for s in self.steps if s.time >= since]
+        generated = sum(s.generated_tokens for s in recent)
+        prompt = sum(s.prefill_tokens for s in recent)
+        return {
+            "output_tokens_per_s": generated / self.window_s,
+            "prompt_tokens_per_s": prompt / self.window_s,
+            "steps_per_s": len(recent) / self.window_s,
+        }
+
+    def latency(self, now: float, window_s: float = 60.0) -> dict[str, dict[str, float | None]]:
+        since = now - window_s
+        recent = [f for f in self.finished if f.time >= since]
+        out: dict[str, dict[str, float | None]] = {}
+        for name in ("ttft", "tpot", "e2e"):
+            values = [v for f in recent if (v := getattr(f, name)) is not None]
+            out[name] = {f"p{q}": percentile(values, q) for q in PERCENTILES}
+        return out

@@ -1,0 +1,1 @@
+"""Scheduling policies: static, dynamic, continuous and hybrid batching behind one interface."""

@@ -1,0 +1,185 @@
+"""The policy seam: what every scheduling policy implements, and the mechanics they share.
+
+A policy owns the queue and decides, once per engine step, which sequences compute how many
+tokens. It never runs the model: it hands the runner a ScheduledBatch. Policies can be
+swapped at a step boundary: ``handover()`` gives up every sequence with its KV blocks and
+progress, the next policy's ``adopt()`` takes them over.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import deque
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from engine.batch import ScheduledBatch, ScheduledSeq
+from engine.config import EngineLimits
+from engine.kv_cache import BlockManager
+from engine.sequence import Sequence, SequenceStatus
+
+PolicyName = Literal["static", "dynamic", "continuous", "hybrid"]
+
+
+class PolicyParams(BaseModel):
+    """Base of every policy's params. ``caps`` maps a field to the EngineLimits attribute it
+    may not exceed; the limits come in through the validation context."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    caps: ClassVar[dict[str, str]] = {}
+
+    @field_validator("*")
+    @classmethod
+    def _within_engine_caps(cls, value: Any, info: ValidationInfo) -> Any:
+        limit_name = cls.caps.get(info.field_name or "")
+        limits = (info.context or {}).get("limits")
+        if value is None or limit_name is None or limits is None:
+            return value
+        cap = getattr(limits, limit_name)
+        if value > cap:
+            raise ValueError(f"must be <= the engine cap {limit_name}={cap}, got {value}")
+        return value
+
+
+class PolicySpec(BaseModel):
+    """A policy by name with its params (validated against that policy's params model)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: PolicyName = Field(description="Scheduling policy.")
+    params: dict[str, Any] = Field(default_factory=dict, description="The policy's params.")
+
+
+MaxNumSeqs = Field(
+    None, ge=1, le=65536, description="Most sequences in one batch (default: the engine cap)."
+)
+MaxBatchedTokens = Field(
+    None,
+    ge=1,
+    le=1 << 20,
+    description="Token budget of one step (default: the engine cap).",
+)
+
+
+class SchedulingPolicy(ABC):
+    name: ClassVar[str]
+    params_model: ClassVar[type[PolicyParams]]
+
+    def __init__(self, params: PolicyParams, limits: EngineLimits, blocks: BlockManager) -> None:
+        self.params = params
+        self.limits = limits
+        self.blocks = blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # -- the interface ------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def abort(self, seq_id: str) -> Sequence | None:
+        """Drop a sequence wherever it is and free its blocks."""
+        for seq in list(self.waiting):
+            if seq.seq_id == seq_id:
+                self.waiting.remove(seq)
+                self.blocks.free(seq_id)
+                return seq
+        for seq in self.running:
+            if seq.seq_id == seq_id:
+                self.running.remove(seq)
+                self.blocks.free(seq_id)
+                return seq
+        return None
+
+    @abstractmethod
+    def schedule(self) -> ScheduledBatch: ...
+
+    def on_step_done(self, batch: ScheduledBatch, finished: list[Sequence]) -> None:
+        """Finished sequences leave at once and give their blocks back."""
+        for seq in finished:
+            self._release(seq)
+
+    def handover(self) -> list[Sequence]:
+        """Give up every unfinished sequence: running ones first, then the queue in order."""
+        seqs = [s for s in self.running if not s.is_finished] + list(self.waiting)
+        self.running.clear()
+        self.waiting.clear()
+        return seqs
+
+    def adopt(self, seqs: list[Sequence]) -> None:
+        """Take sequences over with their blocks and progress; the rest join the queue."""
+        for seq in seqs:
+            if seq.seq_id in self.blocks.tables:
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+            else:
+                seq.status = SequenceStatus.WAITING
+                self.waiting.append(seq)
+
+    def live_ids(self) -> set[str]:
+        """Sequences whose blocks this policy holds or will need (reclaim leaves these)."""
+        return {s.seq_id for s in self.running} | {s.seq_id for s in self.waiting}
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "policy": self.name,
+            "params": self.params.model_dump(),
+            "waiting": len(self.waiting),
+            "running": len(self.running),
+            "preemptions": self.num_preemptions,
+        }
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # -- shared mechanics ---------------------------------------------------------------
+
+    def _admit(self, seq: Sequence, hold_tokens: int, hits: list[int]) -> None:
+        """Give a waiting sequence its blocks (prefix hits first) and mark it running."""
+        cached = self.blocks.allocate(seq.seq_id, seq.token_ids, hold_tokens, hits)
+        seq.block_table = self.blocks.tables[seq.seq_id]
+        seq.num_computed_tokens = cached
+        seq.num_cached_tokens = max(seq.num_cached_tokens, cached)
+        seq.status = SequenceStatus.RUNNING
+
+    def _release(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        self.blocks.free(seq.seq_id)
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        """Recompute-style preemption: drop the KV, keep the tokens, requeue at the front."""
+        self.blocks.free(seq.seq_id)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.running.remove(seq)
+        self.waiting.appendleft(seq)
+        batch.preempted.append(seq)
+        batch.entries = [e for e in batch.entries if e.seq is not seq]
+
+    def _reserve_slots(self, seq: Sequence, num_tokens: int, batch: ScheduledBatch) -> bool:
+        """Make room for ``num_tokens`` more of ``seq``'s tokens, preempting the newest running
+        sequences while the pool is empty. False when ``seq`` itself had to go."""
+        start = seq.num_computed_tokens
+        while not self.blocks.grow(seq.seq_id, start, start + num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim, batch)
+            if victim is seq:
+                return False
+        return True
+
+    def _schedule(self, batch: ScheduledBatch, seq: Sequence, num_new: int, pads: int = 0) -> None:
+        batch.entries.append(ScheduledSeq(seq, num_new, pads))
+
+    def _finish(self, batch: ScheduledBatch) -> ScheduledBatch:
+        batch.block_copies = self.blocks.take_copies()
+        stats = self.blocks.stats()
+        batch.kv_held_slots = stats.held_slots
+        batch.kv_live_tokens = stats.live_tokens
+        return batch

@@ -1,0 +1,92 @@
+"""Iteration-level scheduling (Orca / vLLM): the batch is rebuilt after every step.
+
+Running sequences go first (decodes, then unfinished prefill chunks) under the token budget;
+waiting ones join while ``max_num_seqs``, the budget and the blocks above the reserve allow.
+With chunked prefill a long prompt takes the budget in pieces, so running decodes never stall
+behind it. When the pool runs dry the newest running sequence is preempted (recompute).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from engine.batch import ScheduledBatch
+from engine.config import EngineLimits
+from engine.kv_cache import BlockManager
+from engine.sequence import Sequence, SequenceStatus
+from policies.base import MaxBatchedTokens, MaxNumSeqs, PolicyParams, SchedulingPolicy
+
+
+class ContinuousParams(PolicyParams):
+    caps: ClassVar[dict[str, str]] = {
+        "max_num_seqs": "max_num_seqs",
+        "max_num_batched_tokens": "max_num_batched_tokens",
+    }
+    max_num_seqs: int | None = MaxNumSeqs
+    max_num_batched_tokens: int | None = MaxBatchedTokens
+    enable_chunked_prefill: bool = Field(
+        True, description="Split long prompts across steps so decodes keep running."
+    )
+
+
+class ContinuousPolicy(SchedulingPolicy):
+    name = "continuous"
+    params_model = ContinuousParams
+    params: ContinuousParams
+
+    def __init__(self, params: ContinuousParams, limits: EngineLimits, blocks: BlockManager):
+        super().__init__(params, limits, blocks)
+        self.max_num_seqs = params.max_num_seqs or limits.max_num_seqs
+        self.token_budget = params.max_num_batched_tokens or limits.max_num_batched_tokens
+
+    def adopt(self, seqs: list[Sequence]) -> None:
+        super().adopt(seqs)
+        for seq in self.running:
+            self.blocks.trim(seq.seq_id, seq.num_tokens)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch(mode=self.name)
+        budget = self.token_budget
+        for seq in list(self.running):
+            budget -= self._continue(batch, seq, budget)
+        if not batch.preempted:
+            for seq in list(self.waiting):
+                used = self._try_admit(batch, seq, budget)
+                if used is None:
+                    break
+                budget -= used
+        return self._finish(batch)
+
+    def _continue(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
+        """Schedule a running sequence's next chunk or decode; returns the tokens it takes."""
+        if budget <= 0 or seq.status is not SequenceStatus.RUNNING:
+            return 0  # out of budget, or preempted earlier in this step
+        num_new = min(seq.num_uncomputed_tokens, budget)
+        if num_new < seq.num_uncomputed_tokens and not self.params.enable_chunked_prefill:
+            return 0
+        if not self._reserve_slots(seq, num_new, batch):
+            return 0
+        self._schedule(batch, seq, num_new)
+        return num_new
+
+    def _try_admit(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int | None:
+        """Admit a waiting sequence with its first chunk; None when it does not fit now."""
+        if budget <= 0 or len(self.running) >= self.max_num_seqs:
+            return None
+        hits = self.blocks.match_prefix(seq.token_ids)
+        cached = len(hits) * self.blocks.block_size
+        remaining = seq.num_tokens - cached
+        num_new = min(remaining, budget)
+        if num_new < remaining and not self.params.enable_chunked_prefill:
+            if batch.entries or remaining <= self.token_budget:
+                return None
+            num_new = remaining  # a prompt over the whole budget runs alone, unchunked
+        if not self.blocks.can_admit(hits, cached + num_new):
+            return None
+        self.waiting.remove(seq)
+        self._admit(seq, cached + num_new, hits)
+        self.running.append(seq)
+        self._schedule(batch, seq, num_new)
+        return num_new

@@ -1,0 +1,172 @@
+"""Padded-group batching, shared by the static and dynamic policies.
+
+A group is padded to its longest prompt and reserves KV for ``padded_len + max_tokens`` per
+row up front. Its prefill really computes the padded positions (their K/V land in the row's
+reserved slots past its real tokens, never in its logical positions), and every row keeps
+computing until the group's longest request is done: the cost of padding is real. Each
+request's output is still released at its own finish; its blocks are held until the group
+ends. Groups run one after another; arrivals wait for the running group.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections import deque
+from typing import Any
+
+from engine.batch import ScheduledBatch
+from engine.config import EngineLimits
+from engine.kv_cache import BlockManager
+from engine.sequence import Sequence, SequenceStatus
+from policies.base import PolicyParams, SchedulingPolicy
+
+
+class PaddedGroupPolicy(SchedulingPolicy):
+    def __init__(self, params: PolicyParams, limits: EngineLimits, blocks: BlockManager) -> None:
+        super().__init__(params, limits, blocks)
+        self.group: list[Sequence] = []
+        self.queued_groups: deque[list[Sequence]] = deque()
+        self.max_batch_size = min(params.max_batch_size, limits.max_num_seqs)  # type: ignore[attr-defined]
+        self.token_budget = limits.max_num_batched_tokens
+        self.groups_started = 0
+
+    @abstractmethod
+    def _form_groups(self) -> list[list[Sequence]]:
+        """Take sequences off ``self.waiting`` and cut them into groups, in run order."""
+
+    # -- interface ----------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch(mode=self.name)
+        if not self.running:
+            self._end_group()
+            self._start_next_group()
+        prefill_rows = [s for s in self.running if s.in_prefill]
+        if prefill_rows:
+            batch.mode = f"{self.name}-prefill"
+            self._schedule_prefill(batch, prefill_rows)
+        else:
+            batch.mode = f"{self.name}-decode"
+            for seq in list(self.group):
+                if seq.is_finished:
+                    self._schedule(batch, seq, 0, 1)
+                elif seq.status is SequenceStatus.RUNNING and self._reserve_slots(seq, 1, batch):
+                    self._schedule(batch, seq, 1)
+        return self._finish(batch)
+
+    def on_step_done(self, batch: ScheduledBatch, finished: list[Sequence]) -> None:
+        """Finished rows stay in the group, blocks held, until its longest row is done."""
+        for seq in finished:
+            if seq in self.running:
+                self.running.remove(seq)
+        if not self.running:
+            self._end_group()
+
+    def abort(self, seq_id: str) -> Sequence | None:
+        seq = super().abort(seq_id)
+        if seq is None:
+            for group in self.queued_groups:
+                for queued in group:
+                    if queued.seq_id == seq_id:
+                        group.remove(queued)
+                        return queued
+            return None
+        if seq in self.group:
+            self.group.remove(seq)
+        return seq
+
+    def handover(self) -> list[Sequence]:
+        """Unfinished rows keep their (padded) reservation; finished rows free theirs now."""
+        queued = [s for group in self.queued_groups for s in group]
+        self.queued_groups.clear()
+        for seq in self.group:
+            if seq.is_finished:
+                self.blocks.free(seq.seq_id)
+        self.group = []
+        running = [s for s in self.running if not s.is_finished]
+        waiting = list(self.waiting)
+        self.running.clear()
+        self.waiting.clear()
+        return running + queued + waiting
+
+    def adopt(self, seqs: list[Sequence]) -> None:
+        """Sequences that hold blocks become the running group, run to completion first."""
+        super().adopt(seqs)
+        self.group = list(self.running)
+
+    def live_ids(self) -> set[str]:
+        ids = super().live_ids() | {s.seq_id for s in self.group}
+        return ids | {s.seq_id for group in self.queued_groups for s in group}
+
+    def snapshot(self) -> dict[str, Any]:
+        snap = super().snapshot()
+        snap["waiting"] += sum(len(g) for g in self.queued_groups)
+        snap["group_size"] = len(self.group)
+        snap["group_finished_rows"] = sum(1 for s in self.group if s.is_finished)
+        snap["groups_started"] = self.groups_started
+        return snap
+
+    @property
+    def queue_depth(self) -> int:
+        return super().queue_depth + sum(len(g) for g in self.queued_groups)
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        super()._preempt(seq, batch)
+        if seq in self.group:
+            self.group.remove(seq)
+
+    def _schedule_prefill(self, batch: ScheduledBatch, rows: list[Sequence]) -> None:
+        """Prefill the group's rows, each padded to the longest, in sub-batches that fit the
+        token budget (a row longer than the budget runs alone)."""
+        padded_len = max(s.num_tokens for s in rows)
+        budget = self.token_budget
+        for seq in rows:
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            cost = padded_len - seq.num_computed_tokens
+            if batch.entries and cost > budget:
+                break
+            pads = padded_len - seq.num_tokens
+            if not self.blocks.grow(seq.seq_id, seq.num_tokens, padded_len):
+                pads = 0  # an adopted row without room for padding computes unpadded
+            if self._reserve_slots(seq, seq.num_uncomputed_tokens, batch):
+                self._schedule(batch, seq, seq.num_uncomputed_tokens, pads)
+                budget -= cost
+
+    def _end_group(self) -> None:
+        for seq in self.group:
+            self.blocks.free(seq.seq_id)
+        self.group = []
+
+    def _start_next_group(self) -> None:
+        while not self.running:
+            if not self.queued_groups:
+                self.queued_groups.extend(g for g in self._form_groups() if g)
+                if not self.queued_groups:
+                    return
+            rows = self.queued_groups.popleft()
+            taken = self._admit_group(rows)
+            if len(taken) < len(rows):
+                self.queued_groups.appendleft(rows[len(taken) :])
+            if not taken:
+                return  # not even one row fits yet: wait for blocks
+            self.group = taken
+            self.running = list(taken)
+            self.groups_started += 1
+
+    def _admit_group(self, rows: list[Sequence]) -> list[Sequence]:
+        padded_len = max(s.num_tokens for s in rows)
+        taken: list[Sequence] = []
+        for seq in rows:
+            hits = self.blocks.match_prefix(seq.token_ids)
+            remaining = seq.params.max_tokens - seq.num_output_tokens
+            hold = min(padded_len + remaining, self.limits.max_model_len)
+            fallbacks = [hold] if taken else [hold, padded_len, seq.num_tokens]
+            fit = next((h for h in fallbacks if self.blocks.can_admit(hits, h)), None)
+            if fit is None:
+                break
+            self._admit(seq, fit, hits)
+            taken.append(seq)
+        return taken

@@ -1,0 +1,26 @@
+"""Classic batching, the baseline: up to ``max_batch_size`` requests first-come first-served,
+padded to the longest prompt, run until the longest finishes; nobody joins or leaves early."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from engine.sequence import Sequence
+from policies.base import PolicyParams
+from policies.grouped import PaddedGroupPolicy
+
+
+class StaticParams(PolicyParams):
+    caps: ClassVar[dict[str, str]] = {"max_batch_size": "max_num_seqs"}
+    max_batch_size: int = Field(32, ge=1, le=65536, description="Requests per padded batch.")
+
+
+class StaticPolicy(PaddedGroupPolicy):
+    name = "static"
+    params_model = StaticParams
+
+    def _form_groups(self) -> list[list[Sequence]]:
+        count = min(len(self.waiting), self.max_batch_size)
+        return [[self.waiting.popleft() for _ in range(count)]]
