@@ -7,6 +7,7 @@ The runner orders a batch decodes first, then prefill chunks, and builds one
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,6 +30,11 @@ def resolve_backend(choice: BackendChoice, device: torch.device) -> Backend:
     if choice == "triton":
         if not triton_available():
             raise ValueError("attention_backend='triton' needs the triton package")
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(
+                "attention_backend='triton' off CUDA needs TRITON_INTERPRET=1 set before "
+                "triton is imported (the interpreter; slow, for tests)"
+            )
         return "triton"
     if choice != "auto":
         raise ValueError(f"attention_backend must be auto, torch or triton, not {choice!r}")
