@@ -182,7 +182,12 @@ class LLMEngine:
             for entry in batch.entries:
                 if entry.seq.first_scheduled_time is None:
                     entry.seq.first_scheduled_time = now
-            tokens = self.runner.execute(batch)
+            try:
+                tokens = self.runner.execute(batch)
+            except BaseException:
+                self.blocks.rollback()
+                raise
+            self.blocks.confirm()
             outputs.extend(self._postprocess(batch, tokens))
             self._record(batch, started, len(tokens))
             return outputs
@@ -199,7 +204,7 @@ class LLMEngine:
             if entry.num_new_tokens:
                 start = seq.num_computed_tokens
                 seq.num_computed_tokens += entry.num_new_tokens
-                self.blocks.commit(seq.seq_id, seq.token_ids, start, seq.num_computed_tokens)
+                self.blocks.commit(seq.seq_id, start, seq.num_computed_tokens)
             if not entry.sample:
                 continue
             token = next(sampled)

@@ -96,6 +96,7 @@ class BlockManager:
         self._free: deque[int] = deque(range(num_blocks))
         self._cached: OrderedDict[int, None] = OrderedDict()
         self._copies: list[tuple[int, int]] = []
+        self._unconfirmed: list[int] = []
 
     # -- counts -------------------------------------------------------------------------
 
@@ -228,18 +229,20 @@ class BlockManager:
         self._extend(table, needed)
         return True
 
-    def commit(self, seq_id: str, token_ids: Sequence[int], start: int, end: int) -> None:
-        """Tokens ``[start, end)`` now have K/V stored: count them, register full blocks."""
-        table = self.tables[seq_id]
-        size = self.block_size
-        for j in range(start // size, self.blocks_for(end)):
-            self.fill[table[j]] = min(size, end - j * size)
-        self.live_tokens += end - start
+    def register(self, seq_id: str, token_ids: Sequence[int], num_tokens: int) -> None:
+        """Publish the full blocks among the first ``num_tokens`` for prefix sharing.
+
+        Called when the step that computes them is scheduled, so requests admitted later in
+        the same step already share them: every layer writes the step's K/V before it
+        attends. ``confirm()`` after the forward, ``rollback()`` if it failed.
+        """
         if not self.enable_prefix_caching:
             return
+        table = self.tables[seq_id]
         chain = self.chains[seq_id]
         parent = chain[-1] if chain else ROOT_HASH
-        for j in range(len(chain), end // size):
+        size = self.block_size
+        for j in range(len(chain), num_tokens // size):
             tokens = tuple(token_ids[j * size : (j + 1) * size])
             parent = hash((parent, tokens))
             chain.append(parent)
@@ -248,6 +251,29 @@ class BlockManager:
                 self.hash_to_block[parent] = block
                 self.block_hash[block] = parent
                 self.block_tokens[block] = tokens
+                self._unconfirmed.append(block)
+
+    def confirm(self) -> None:
+        self._unconfirmed.clear()
+
+    def rollback(self) -> None:
+        """The step that would have filled freshly published blocks did not run."""
+        for block in self._unconfirmed:
+            self._unregister(block)
+            if self.ref_count[block] == 0 and block in self._cached:
+                del self._cached[block]
+                self._to_free_list(block)
+        self._unconfirmed.clear()
+        for chain in self.chains.values():
+            chain.clear()
+
+    def commit(self, seq_id: str, start: int, end: int) -> None:
+        """Tokens ``[start, end)`` of the sequence now have K/V stored."""
+        table = self.tables[seq_id]
+        size = self.block_size
+        for j in range(start // size, self.blocks_for(end)):
+            self.fill[table[j]] = min(size, end - j * size)
+        self.live_tokens += end - start
 
     def free(self, seq_id: str) -> int:
         """Release a sequence's blocks (idempotent); returns how many reached ref count 0."""

@@ -163,11 +163,20 @@ class SchedulingPolicy(ABC):
         batch.preempted.append(seq)
         batch.entries = [e for e in batch.entries if e.seq is not seq]
 
-    def _reserve_slots(self, seq: Sequence, num_tokens: int, batch: ScheduledBatch) -> bool:
+    def _reserve_slots(
+        self, seq: Sequence, num_tokens: int, batch: ScheduledBatch, may_preempt: bool = True
+    ) -> bool:
         """Make room for ``num_tokens`` more of ``seq``'s tokens, preempting the newest running
-        sequences while the pool is empty. False when ``seq`` itself had to go."""
+        sequences while the pool is empty. False when ``seq`` itself had to go (or, without
+        ``may_preempt``, when there is no room).
+
+        Preemption must not follow an admission in the same step: a newly admitted request
+        may already share blocks that an older one publishes in this step.
+        """
         start = seq.num_computed_tokens
         while not self.blocks.grow(seq.seq_id, start, start + num_tokens):
+            if not may_preempt:
+                return False
             victim = self.running[-1]
             self._preempt(victim, batch)
             if victim is seq:
@@ -176,6 +185,8 @@ class SchedulingPolicy(ABC):
 
     def _schedule(self, batch: ScheduledBatch, seq: Sequence, num_new: int, pads: int = 0) -> None:
         batch.entries.append(ScheduledSeq(seq, num_new, pads))
+        if num_new:
+            self.blocks.register(seq.seq_id, seq.token_ids, seq.num_computed_tokens + num_new)
 
     def _finish(self, batch: ScheduledBatch) -> ScheduledBatch:
         batch.block_copies = self.blocks.take_copies()

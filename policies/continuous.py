@@ -59,14 +59,16 @@ class ContinuousPolicy(SchedulingPolicy):
                 budget -= used
         return self._finish(batch)
 
-    def _continue(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
+    def _continue(
+        self, batch: ScheduledBatch, seq: Sequence, budget: int, may_preempt: bool = True
+    ) -> int:
         """Schedule a running sequence's next chunk or decode; returns the tokens it takes."""
         if budget <= 0 or seq.status is not SequenceStatus.RUNNING:
             return 0  # out of budget, or preempted earlier in this step
         num_new = min(seq.num_uncomputed_tokens, budget)
         if num_new < seq.num_uncomputed_tokens and not self.params.enable_chunked_prefill:
             return 0
-        if not self._reserve_slots(seq, num_new, batch):
+        if not self._reserve_slots(seq, num_new, batch, may_preempt):
             return 0
         self._schedule(batch, seq, num_new)
         return num_new

@@ -49,7 +49,7 @@ class HybridPolicy(ContinuousPolicy):
         prefills.sort(key=lambda s: (s.num_uncomputed_tokens // window, s.arrival_time))
         for seq in prefills:
             if seq.status is SequenceStatus.RUNNING:
-                budget -= self._continue(batch, seq, budget)
+                budget -= self._continue(batch, seq, budget, may_preempt=False)
                 continue
             used = self._try_admit(batch, seq, budget)
             if used is None:
