@@ -48,6 +48,7 @@ class ScheduledBatch:
     preempted: list[Sequence] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     mode: str = ""
+    # KV accounting once the step's tokens are stored (filled by the engine)
     kv_held_slots: int = 0
     kv_live_tokens: int = 0
 

@@ -213,6 +213,8 @@ class LLMEngine:
             if seq.is_finished:
                 finished.append(seq)
             outputs.append(self._output(seq, [token]))
+        kv = self.blocks.stats()  # after the step's writes, before finished requests leave
+        batch.kv_held_slots, batch.kv_live_tokens = kv.held_slots, kv.live_tokens
         self.policy.on_step_done(batch, finished)
         for seq in finished:
             self._sequences.pop(seq.seq_id, None)

@@ -190,7 +190,4 @@ class SchedulingPolicy(ABC):
 
     def _finish(self, batch: ScheduledBatch) -> ScheduledBatch:
         batch.block_copies = self.blocks.take_copies()
-        stats = self.blocks.stats()
-        batch.kv_held_slots = stats.held_slots
-        batch.kv_live_tokens = stats.live_tokens
         return batch
