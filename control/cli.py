@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from control.core.config import Settings
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +65,70 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_serve_args(parser: argparse.ArgumentParser) -> None:
+    """Unset flags stay None so the environment and the policy store decide."""
+    add = parser.add_argument
+    add("--model", help="Hugging Face model folder (default: the embedded checkpoint)")
+    add("--host", help="address to listen on (default 127.0.0.1)")
+    add("--port", type=int, help="port (default 8000)")
+    add("--db", help="SQLite file (default: <cache>/servedeck.db)")
+    add("--admin-token", help="admin bearer token (default: $SERVEDECK_ADMIN_TOKEN or generated)")
+    add("--policy", choices=["static", "dynamic", "continuous", "hybrid"], help="override")
+    add("--block-size", type=int, choices=[16, 32, 64])
+    add("--num-kv-blocks", type=int)
+    add("--memory-reserve", type=float, help="override of the stored memory reserve")
+    add("--max-model-len", type=int)
+    add("--max-waiting", type=int, help="waiting requests before 429 (default 1024)")
+    add("--max-num-seqs", type=int)
+    add("--max-num-batched-tokens", type=int)
+    add("--reclaim-interval-s", type=float, help="override of the stored sweep interval")
+    add("--served-model-name", help="the model name clients use (default: the folder name)")
+    add("--num-threads", type=int, help="torch CPU threads")
+    add("--device")
+    add("--dtype", choices=["float32", "bfloat16", "float16"])
+    add("--log-level", choices=["critical", "error", "warning", "info", "debug"])
+
+
+_NOT_SETTINGS = {"command", "func", "db_command", "no_console"}
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    """Flags over ``SERVEDECK_*`` variables over defaults; a bad value exits with status 2."""
+    from pydantic import ValidationError
+
+    from control.core.config import Settings
+
+    given = {k: v for k, v in vars(args).items() if v is not None and k not in _NOT_SETTINGS}
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        print(f"servedeck {args.command}: {problems}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from control.server import serve
+
+    return serve(_settings(args))
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from control.up import up
+
+    return up(_settings(args), args, console=not args.no_console)
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from control import migrate
+
+    settings = _settings(args)
+    path = settings.db_path()
+    migrate.upgrade(path)
+    print(f"{path}: at revision {migrate.current_revision(path)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="servedeck", description="LLM serving with switchable batching policies."
@@ -80,6 +148,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int)
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("serve", help="run the HTTP server (REST API, admin API, metrics)")
+    _add_serve_args(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("up", help="serve in a child process and open the admin console")
+    _add_serve_args(p)
+    p.add_argument("--no-console", action="store_true", help="only serve, until Ctrl-C")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("db", help="database maintenance")
+    db_sub = p.add_subparsers(dest="db_command", required=True)
+    p = db_sub.add_parser("upgrade", help="migrate the database to the newest schema")
+    p.add_argument("--db", help="SQLite file (default: <cache>/servedeck.db)")
+    p.set_defaults(func=cmd_db_upgrade)
     return parser
 
 

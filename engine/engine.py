@@ -68,6 +68,7 @@ class LLMEngine:
         self.wakeup = threading.Event()
         self._sequences: dict[str, Sequence] = {}
         self._inbox: deque[Sequence] = deque()
+        self._inbox_lock = threading.Lock()
         self._commands: deque[tuple[Callable[[], Any], Future]] = deque()
         self._pending_outputs: list[RequestOutput] = []
         self._owner = threading.get_ident()
@@ -120,8 +121,6 @@ class LLMEngine:
         if self.num_waiting >= self.config.max_waiting:
             raise QueueFull(f"waiting queue is full (max_waiting={self.config.max_waiting})")
         request_id = request_id or uuid.uuid4().hex
-        if request_id in self._sequences or any(s.seq_id == request_id for s in self._inbox):
-            raise RequestRejected(f"request id {request_id!r} is already in use", "request_id")
         seq = Sequence(
             request_id, token_ids, params, self.clock() if arrival_time is None else arrival_time
         )
@@ -131,7 +130,10 @@ class LLMEngine:
             seq.detokenizer = IncrementalDetokenizer.for_prompt(
                 self.tokenizer, len(token_ids), params.stop
             )
-        self._inbox.append(seq)
+        with self._inbox_lock:
+            if request_id in self._sequences or any(s.seq_id == request_id for s in self._inbox):
+                raise RequestRejected(f"request id {request_id!r} is already in use", "request_id")
+            self._inbox.append(seq)
         self.wakeup.set()
         return request_id
 
@@ -295,10 +297,16 @@ class LLMEngine:
             future.set_exception(exc)
 
     def _drain_inbox(self) -> None:
-        while self._inbox:
-            seq = self._inbox.popleft()
-            self._sequences[seq.seq_id] = seq
+        with self._inbox_lock:
+            arrived, self._inbox = self._inbox, deque()
+            for seq in arrived:
+                self._sequences[seq.seq_id] = seq
+        for seq in arrived:
             self.policy.add(seq)
+
+    def _queued(self) -> list[Sequence]:
+        with self._inbox_lock:
+            return list(self._inbox)
 
     def _apply_commands(self) -> None:
         self.wakeup.clear()
@@ -338,7 +346,7 @@ class LLMEngine:
         """The maintenance sweep: free leaked blocks, then the memory-reserve guard."""
 
         def sweep() -> ReclaimResult:
-            live = self.policy.live_ids() | {s.seq_id for s in self._inbox}
+            live = self.policy.live_ids() | {s.seq_id for s in self._queued()}
             result = self.blocks.reclaim(live)
             self.stats.record_reclaim(self.clock(), result)
             return result
@@ -395,7 +403,8 @@ class LLMEngine:
                     "preemptions": seq.num_preemptions,
                 }
             )
-        for seq in self._inbox:
+        queued = self._queued()
+        for seq in queued:
             requests.append(
                 {
                     "id": seq.seq_id,
@@ -408,7 +417,7 @@ class LLMEngine:
                 }
             )
         policy = self.policy.snapshot()
-        policy["waiting"] += len(self._inbox)
+        policy["waiting"] += len(queued)
         return {
             "policy": self.policy_spec.model_dump(),
             "scheduler": policy,

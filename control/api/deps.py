@@ -1,0 +1,105 @@
+"""Dependencies of the routes: the app context, the loaded runtime, a DB session, admin auth
+and the policy headers."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Header, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlmodel import Session
+
+from control.runtime import AppContext, Runtime
+from engine.async_engine import AsyncEngine
+
+ACTOR_MAX_LEN = 100
+
+
+def get_context(request: Request) -> AppContext:
+    return request.app.state.ctx
+
+
+ContextDep = Annotated[AppContext, Depends(get_context)]
+
+
+def get_runtime(ctx: ContextDep) -> Runtime:
+    if ctx.runtime is None:
+        detail = "the model is still loading" if ctx.load_error is None else "the engine failed"
+        raise HTTPException(503, detail, headers={"Retry-After": "1"})
+    return ctx.runtime
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+def get_engine(runtime: RuntimeDep) -> AsyncEngine:
+    return runtime.engine
+
+
+EngineDep = Annotated[AsyncEngine, Depends(get_engine)]
+
+
+def get_db(ctx: ContextDep) -> Iterator[Session]:
+    with Session(ctx.db) as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_db)]
+
+_bearer = HTTPBearer(auto_error=False, description="The admin token.")
+
+
+def require_admin(
+    ctx: ContextDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """401 without a bearer token, 403 with a wrong one (compared in constant time)."""
+    if credentials is None:
+        raise HTTPException(
+            401,
+            "admin token missing: send 'Authorization: Bearer <token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    given = credentials.credentials.encode()
+    if not hmac.compare_digest(given, ctx.admin_token.encode()):
+        raise HTTPException(403, "admin token is not valid for this server")
+
+
+AdminDep = Depends(require_admin)
+
+
+def if_match_version(
+    if_match: Annotated[str | None, Header(description='A version: N or "N".')] = None,
+) -> int | None:
+    if if_match is None or if_match.strip() == "*":
+        return None
+    value = if_match.strip().removeprefix("W/").strip('"')
+    if not value.isdigit():
+        raise RequestValidationError(
+            [
+                {
+                    "type": "int_parsing",
+                    "loc": ("header", "if-match"),
+                    "msg": 'If-Match must be a policy version: N or "N"',
+                    "input": if_match,
+                }
+            ]
+        )
+    return int(value)
+
+
+IfMatchDep = Annotated[int | None, Depends(if_match_version)]
+
+
+def actor_of(
+    x_servedeck_actor: Annotated[
+        str | None, Header(max_length=ACTOR_MAX_LEN, description="Who makes the change.")
+    ] = None,
+) -> str:
+    return (x_servedeck_actor or "").strip() or "admin"
+
+
+ActorDep = Annotated[str, Depends(actor_of)]

@@ -1,0 +1,25 @@
+"""All routes of the server, one router per resource."""
+
+from fastapi import APIRouter
+
+from control.api.routes import (
+    admin_maintenance,
+    admin_policy,
+    admin_state,
+    completions,
+    health,
+    metrics,
+    models,
+)
+
+api_router = APIRouter()
+for module in (
+    completions,
+    models,
+    health,
+    metrics,
+    admin_policy,
+    admin_state,
+    admin_maintenance,
+):
+    api_router.include_router(module.router)

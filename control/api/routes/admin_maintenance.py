@@ -1,0 +1,20 @@
+"""``POST /admin/reclaim`` (run the sweep now) and ``GET /admin/jobs``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from control.api.deps import AdminDep, RuntimeDep, SessionDep
+from control.schemas import JobsView, ReclaimRun
+
+router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
+
+
+@router.post("/reclaim", response_model=ReclaimRun)
+def reclaim_now(runtime: RuntimeDep) -> ReclaimRun:
+    return runtime.maintenance.run("manual")
+
+
+@router.get("/jobs", response_model=JobsView)
+def list_jobs(runtime: RuntimeDep, session: SessionDep) -> JobsView:
+    return JobsView(jobs=[runtime.maintenance.job(session)])

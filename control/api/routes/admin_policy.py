@@ -1,0 +1,112 @@
+"""``/admin/policy``: the settings in force, their schema, changes, history and rollback."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
+
+from control.api.deps import (
+    ActorDep,
+    AdminDep,
+    IfMatchDep,
+    RuntimeDep,
+    SessionDep,
+)
+from control.api.errors import validation_error
+from control.schemas import (
+    EngineLimitsView,
+    PolicyHistory,
+    PolicySchema,
+    PolicyUpdate,
+    PolicyUpdateResult,
+    PolicyView,
+    RollbackRequest,
+)
+from control.store import SettingsInvalid
+from policies.registry import params_schemas
+
+router = APIRouter(prefix="/admin/policy", tags=["admin"], dependencies=[AdminDep])
+
+
+@router.get("", response_model=PolicyView)
+def get_policy(runtime: RuntimeDep, session: SessionDep, response: Response) -> PolicyView:
+    view = runtime.store.view(session)
+    response.headers["ETag"] = f'"{view.version}"'
+    return view
+
+
+@router.get("/schema", response_model=PolicySchema)
+def get_schema(runtime: RuntimeDep) -> PolicySchema:
+    limits = runtime.llm_engine.limits
+    return PolicySchema(
+        policies=params_schemas(),
+        engine_limits=EngineLimitsView(
+            block_size=limits.block_size,
+            num_kv_blocks=limits.num_kv_blocks,
+            max_model_len=limits.max_model_len,
+            max_num_seqs=limits.max_num_seqs,
+            max_num_batched_tokens=limits.max_num_batched_tokens,
+        ),
+    )
+
+
+async def checked_update(request: Request, runtime: RuntimeDep) -> PolicyUpdate:
+    """Validate the whole body here, before FastAPI does: pydantic alone cannot check policy
+    params against the live engine's caps, and one 422 must name every failing field."""
+    try:
+        raw: Any = await request.json()
+    except ValueError:
+        raw = None
+    try:
+        return runtime.store.validate(raw)
+    except SettingsInvalid as exc:
+        raise validation_error(exc, "body") from None
+
+
+@router.put("", response_model=PolicyUpdateResult)
+def put_policy(
+    update: Annotated[PolicyUpdate, Depends(checked_update)],
+    body: PolicyUpdate,  # checked above; declared so the OpenAPI schema shows the body
+    runtime: RuntimeDep,
+    session: SessionDep,
+    if_match: IfMatchDep,
+    actor: ActorDep,
+    response: Response,
+    dry_run: Annotated[bool, Query(description="Validate and diff; store nothing.")] = False,
+) -> PolicyUpdateResult:
+    try:
+        result = runtime.store.update(session, update, actor, if_match, dry_run)
+    except SettingsInvalid as exc:
+        raise validation_error(exc, "body") from None
+    response.headers["ETag"] = f'"{result.version}"'
+    return result
+
+
+@router.get("/history", response_model=PolicyHistory)
+def get_history(
+    runtime: RuntimeDep,
+    session: SessionDep,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=200)] = 20,
+) -> PolicyHistory:
+    return runtime.store.history(session, offset, limit)
+
+
+@router.post("/rollback/{version}", response_model=PolicyUpdateResult)
+def rollback(
+    version: int,
+    runtime: RuntimeDep,
+    session: SessionDep,
+    if_match: IfMatchDep,
+    actor: ActorDep,
+    response: Response,
+    body: Annotated[RollbackRequest | None, Body()] = None,
+) -> PolicyUpdateResult:
+    reason = body.reason.strip() if body is not None and body.reason else None
+    try:
+        result = runtime.store.rollback(session, version, actor, reason, if_match)
+    except SettingsInvalid as exc:
+        raise validation_error(exc, "path") from None
+    response.headers["ETag"] = f'"{result.version}"'
+    return result

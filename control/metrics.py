@@ -1,0 +1,142 @@
+"""Prometheus metrics in a registry of their own (one per app, never the global one).
+
+Engine-wide figures (queue depths, KV blocks, token and preemption totals) are read from the
+engine snapshot taken at scrape time; latencies are observed as requests finish; maintenance
+and policy changes count themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from engine.outputs import RequestOutput
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+RECLAIM_OUTCOMES = ("ok", "error", "missed", "skipped")
+POLICY_UPDATE_RESULTS = ("applied", "dry_run", "invalid", "conflict", "not_found")
+KV_STATES = ("free", "used", "cached")
+
+
+class EngineCollector(Collector):
+    """Gauges and counters from the latest engine snapshot (refreshed by each scrape)."""
+
+    def __init__(self) -> None:
+        self.snapshot: dict[str, Any] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot or {}
+        scheduler = snap.get("scheduler", {})
+        kv = snap.get("kv", {})
+        totals = snap.get("totals", {})
+        yield _gauge("servedeck_requests_running", "Requests running.", scheduler.get("running"))
+        yield _gauge("servedeck_requests_waiting", "Requests waiting.", scheduler.get("waiting"))
+        blocks = GaugeMetricFamily("servedeck_kv_blocks", "KV blocks by state.", labels=["state"])
+        for state in KV_STATES:
+            blocks.add_metric([state], kv.get(state, 0))
+        yield blocks
+        yield _gauge("servedeck_kv_usage_ratio", "Used KV blocks / all blocks.", kv.get("usage"))
+        yield _gauge(
+            "servedeck_kv_reserve_ratio",
+            "Fraction of KV blocks admission must leave free.",
+            snap.get("memory_reserve"),
+        )
+        yield _counter(
+            "servedeck_prompt_tokens", "Prompt tokens computed.", totals.get("prompt_tokens")
+        )
+        yield _counter(
+            "servedeck_generation_tokens",
+            "Tokens generated.",
+            totals.get("generation_tokens"),
+        )
+        yield _counter(
+            "servedeck_preemptions", "Sequences preempted (recompute).", totals.get("preemptions")
+        )
+
+
+def _gauge(name: str, documentation: str, value: float | None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value or 0)
+
+
+def _counter(name: str, documentation: str, value: float | None) -> CounterMetricFamily:
+    return CounterMetricFamily(name, documentation, value=value or 0)
+
+
+class ControlMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.engine = EngineCollector()
+        r.register(self.engine)
+        self.ttft = Histogram(
+            "servedeck_time_to_first_token_seconds",
+            "Arrival to first token.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "servedeck_time_per_output_token_seconds",
+            "Mean time per output token after the first.",
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "servedeck_e2e_request_latency_seconds",
+            "Arrival to finish.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.reclaimed_blocks = Counter(
+            "servedeck_reclaimed_blocks", "Leaked KV blocks the sweep freed.", registry=r
+        )
+        self.evicted_blocks = Counter(
+            "servedeck_evicted_blocks",
+            "Cached prefix blocks the reserve guard evicted.",
+            registry=r,
+        )
+        self.reclaim_runs = Counter(
+            "servedeck_reclaim_runs", "Reclaim sweeps by outcome.", ["outcome"], registry=r
+        )
+        self.policy_updates = Counter(
+            "servedeck_policy_updates", "Policy change attempts by result.", ["result"], registry=r
+        )
+        self.policy_info = Gauge(
+            "servedeck_policy_info",
+            "The active policy and version.",
+            ["policy", "version"],
+            registry=r,
+        )
+        for outcome in RECLAIM_OUTCOMES:
+            self.reclaim_runs.labels(outcome)
+        for result in POLICY_UPDATE_RESULTS:
+            self.policy_updates.labels(result)
+
+    def observe_finished(self, output: RequestOutput) -> None:
+        if output.finish_reason == "abort":
+            return
+        m = output.metrics
+        for histogram, value in ((self.ttft, m.ttft), (self.tpot, m.tpot), (self.e2e, m.e2e)):
+            if value is not None:
+                histogram.observe(value)
+
+    def set_policy(self, name: str, version: int) -> None:
+        self.policy_info.clear()
+        self.policy_info.labels(name, str(version)).set(1)
+
+    def count_reclaim(self, outcome: str, freed: int = 0, evicted: int = 0) -> None:
+        self.reclaim_runs.labels(outcome).inc()
+        self.reclaimed_blocks.inc(freed)
+        self.evicted_blocks.inc(evicted)
+
+    def count_policy_update(self, result: str) -> None:
+        self.policy_updates.labels(result).inc()
+
+    def render(self, snapshot: dict[str, Any] | None) -> bytes:
+        if snapshot is not None:
+            self.engine.snapshot = snapshot
+        return generate_latest(self.registry)

@@ -1,0 +1,73 @@
+"""Tables of the control plane's SQLite database. Schema changes only through alembic
+revisions in ``migrations/``; ``alembic check`` in the tests keeps these and them in step."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime
+from sqlmodel import Field, SQLModel
+
+# Before any table is declared: constraint names must be stable for batch migrations on SQLite.
+SQLModel.metadata.naming_convention = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def as_utc(moment: datetime) -> datetime:
+    """SQLite keeps no time zone: every stored time is UTC and comes back naive."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def timestamp_field(**kwargs: Any) -> Any:
+    return Field(sa_type=DateTime(timezone=True), **kwargs)
+
+
+class PolicyVersion(SQLModel, table=True):
+    """One row per policy change; the newest row is the active version."""
+
+    __tablename__ = "policy_version"
+
+    version: int = Field(primary_key=True)
+    policy_name: str
+    policy_params: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
+    memory_reserve: float
+    reclaim_interval_s: float
+    explicit: list[str] = Field(
+        default_factory=list,
+        sa_type=JSON,
+        description="Top-level fields set by a stored change (their source is 'stored').",
+    )
+    actor: str
+    reason: str
+    before: dict[str, Any] | None = Field(default=None, sa_type=JSON)
+    created_at: datetime = timestamp_field(default_factory=utcnow, index=True)
+    rollback_of: int | None = Field(default=None, foreign_key="policy_version.version")
+
+
+class MaintenanceRun(SQLModel, table=True):
+    """One row per maintenance run; only the newest ``maintenance_retention`` rows are kept."""
+
+    __tablename__ = "maintenance_run"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True)
+    at: datetime = timestamp_field(index=True)
+    trigger: str
+    outcome: str
+    freed: int = 0
+    evicted: int = 0
+    free_before: int | None = None
+    free_after: int | None = None
+    reserve_breached: bool = False
+    duration_s: float = 0.0
+    error: str | None = None

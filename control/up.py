@@ -1,0 +1,94 @@
+"""``servedeck up``: the server in a child process, the admin console in this one."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from control.core.config import Settings
+from control.server import resolve_admin_token
+
+NOT_FORWARDED = {"command", "func", "no_console", "admin_token"}
+STARTUP_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 15.0
+
+
+def serve_argv(args: argparse.Namespace) -> list[str]:
+    argv = [sys.executable, "-m", "control.cli", "serve"]
+    for key, value in vars(args).items():
+        if value is not None and key not in NOT_FORWARDED:
+            argv += [f"--{key.replace('_', '-')}", str(value)]
+    return argv
+
+
+def client_url(settings: Settings) -> str:
+    host = settings.host
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"http://{host}:{settings.port}"
+
+
+def wait_healthy(url: str, child: subprocess.Popen, timeout: float = STARTUP_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            raise RuntimeError(f"the server exited with status {child.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"the server at {url} was not healthy after {timeout:.0f} s")
+
+
+def stop(child: subprocess.Popen) -> int:
+    if child.poll() is None:
+        child.send_signal(signal.SIGINT)
+        try:
+            child.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+    return child.wait()
+
+
+def _console_available() -> bool:
+    try:
+        return importlib.util.find_spec("tui.app") is not None
+    except ModuleNotFoundError:  # no tui package at all
+        return False
+
+
+def up(settings: Settings, args: argparse.Namespace, console: bool = True) -> int:
+    token = resolve_admin_token(settings)
+    env = {**os.environ, "SERVEDECK_ADMIN_TOKEN": token}  # not on the command line (ps)
+    # A session of its own: Ctrl-C reaches this process only, which stops the child once.
+    child = subprocess.Popen(serve_argv(args), env=env, start_new_session=True)
+    url = client_url(settings)
+    failed = False
+    try:
+        wait_healthy(url, child)
+        print(f"servedeck is serving at {url}", flush=True)
+        if console and _console_available():
+            from tui.app import run_console
+
+            run_console(url=url, token=token)
+        else:
+            if console:
+                print("the admin console is not installed; serving until Ctrl-C", flush=True)
+            child.wait()
+    except KeyboardInterrupt:
+        pass
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"servedeck up: {exc}", file=sys.stderr)
+        failed = True
+    finally:
+        status = stop(child)
+    return 1 if failed else status

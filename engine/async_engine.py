@@ -1,0 +1,243 @@
+"""The server's engine: one background thread owns ``LLMEngine`` and steps it; request
+handlers on asyncio event loops read their outputs as async iterators.
+
+The thread steps while there is work (requests or commands) and otherwise sleeps on
+``engine.wakeup``, which ``add_request`` and every command set. Each step's outputs are handed
+to the waiting streams with ``loop.call_soon_threadsafe``. A stream whose consumer goes away
+(cancelled while waiting, or closed before the end) aborts its request, which frees its KV
+blocks at the next step boundary. An exception from ``step()`` fails every open stream and
+is logged; the loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from engine.engine import LLMEngine, Prompt
+from engine.errors import RequestRejected
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 0.5
+"""How long the idle loop sleeps before re-checking (a wake-up cuts it short)."""
+ERROR_BACKOFF_S = 0.1
+
+
+class EngineStepError(RuntimeError):
+    """The engine failed while running this request; the request was aborted."""
+
+
+class EngineStopped(RuntimeError):
+    """The engine shut down before this request finished."""
+
+
+class RequestStream:
+    """Outputs of one request, in order; the last one has ``finished`` set."""
+
+    def __init__(self, request_id: str, owner: AsyncEngine, loop: asyncio.AbstractEventLoop):
+        self.request_id = request_id
+        self._owner = owner
+        self._loop = loop
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._done = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            item = await self._queue.get()
+        except BaseException:  # cancelled: nobody will read the rest
+            self._abandon()
+            raise
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        if item.finished:
+            self._done = True
+        return item
+
+    @property
+    def finished(self) -> bool:
+        return self._done
+
+    async def aclose(self) -> None:
+        """Stop reading; an unfinished request is aborted."""
+        self._abandon()
+
+    def _abandon(self) -> None:
+        if not self._done:
+            self._done = True
+            self._owner._abort(self.request_id)
+
+    # called on the stream's event loop
+    def _put(self, item: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+
+class AsyncEngine:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        on_finished: Callable[[RequestOutput], None] | None = None,
+        idle_wait_s: float = IDLE_WAIT_S,
+    ) -> None:
+        self.engine = engine
+        self._on_finished = on_finished
+        self._idle_wait_s = idle_wait_s
+        self._streams: dict[str, RequestStream] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="servedeck-engine", daemon=True)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop stepping (after the current step) and fail every open stream."""
+        self._stopping.set()
+        self.engine.wakeup.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self._fail_all(EngineStopped("the engine shut down before the request finished"))
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and not self._stopping.is_set()
+
+    # -- requests --------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> RequestStream:
+        """Queue a request (raises ``RequestRejected`` / ``QueueFull`` at once) and return
+        its stream. Call from a running event loop: outputs are delivered to that loop."""
+        if not self.is_running:
+            raise EngineStopped("the engine is not running")
+        request_id = request_id or uuid.uuid4().hex
+        stream = RequestStream(request_id, self, asyncio.get_running_loop())
+        with self._lock:
+            if request_id in self._streams:
+                stream._done = True
+                raise RequestRejected(f"request id {request_id!r} is already in use", "request_id")
+            self._streams[request_id] = stream  # before the engine can produce its outputs
+        try:
+            self.engine.add_request(prompt, params, request_id)
+        except BaseException:
+            with self._lock:
+                self._streams.pop(request_id, None)
+            stream._done = True
+            raise
+        return stream
+
+    def leak(self, request_id: str, timeout: float = 30.0) -> bool:
+        """Test hook: drop a request but keep its blocks (what the reclaim sweep must fix).
+        Its stream ends with an error since no more outputs will come."""
+        leaked = self.engine.leak_sequence(request_id).result(timeout)
+        self._fail(request_id, EngineStepError("the request was dropped by the test-only leak"))
+        return leaked
+
+    def _abort(self, request_id: str) -> None:
+        with self._lock:
+            self._streams.pop(request_id, None)
+        try:
+            self.engine.abort(request_id)
+        except Exception:  # only from a shut-down engine; nothing left to free
+            log.debug("abort of %s failed", request_id, exc_info=True)
+
+    # -- the loop (engine thread) ----------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        engine.bind_to_current_thread()
+        while not self._stopping.is_set():
+            if not (engine.has_unfinished_requests() or engine.has_pending_commands()):
+                self._sleep(self._idle_wait_s)
+                continue
+            steps_before = engine.stats.num_steps
+            try:
+                outputs = engine.step()
+                self._dispatch(outputs)
+            except Exception as exc:
+                log.exception("engine step failed; failing the requests in flight")
+                self._fail_all(EngineStepError(f"engine step failed: {exc!r}"), abort=True)
+                self._sleep(ERROR_BACKOFF_S)
+                continue
+            if not outputs and engine.stats.num_steps == steps_before:
+                # Nothing could be scheduled (waiting for a change): sleep until one comes.
+                self._sleep(self._idle_wait_s)
+
+    def _sleep(self, timeout: float) -> None:
+        # Clear after waking, then re-check the work: a wake-up set after the check is kept.
+        if self.engine.wakeup.wait(timeout):
+            self.engine.wakeup.clear()
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        deliveries: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Any]]] = defaultdict(
+            list
+        )
+        with self._lock:
+            for output in outputs:
+                if output.finished:
+                    stream = self._streams.pop(output.request_id, None)
+                else:
+                    stream = self._streams.get(output.request_id)
+                if stream is not None:
+                    deliveries[stream._loop].append((stream, output))
+        for output in outputs:
+            if output.finished and self._on_finished is not None:
+                try:
+                    self._on_finished(output)
+                except Exception:
+                    log.exception("on_finished hook failed")
+        for loop, items in deliveries.items():
+            _deliver_to(loop, items)
+
+    def _fail(self, request_id: str, error: BaseException) -> None:
+        with self._lock:
+            stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            _deliver_to(stream._loop, [(stream, error)])
+
+    def _fail_all(self, error: BaseException, abort: bool = False) -> None:
+        with self._lock:
+            streams, self._streams = self._streams, {}
+        deliveries: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Any]]] = defaultdict(
+            list
+        )
+        for request_id, stream in streams.items():
+            deliveries[stream._loop].append((stream, error))
+            if abort:  # on the engine thread between steps: runs now, frees the blocks
+                try:
+                    self.engine.abort(request_id)
+                except Exception:
+                    log.exception("could not abort %s after a failed step", request_id)
+        for loop, items in deliveries.items():
+            _deliver_to(loop, items)
+
+
+def _deliver_to(
+    loop: asyncio.AbstractEventLoop, items: list[tuple[RequestStream, RequestOutput | Exception]]
+) -> None:
+    def deliver() -> None:
+        for stream, item in items:
+            stream._put(item)
+
+    with contextlib.suppress(RuntimeError):  # the consumer's loop is closed: nobody listens
+        loop.call_soon_threadsafe(deliver)
