@@ -102,10 +102,10 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def client(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=60.0, **kwargs)
+        return httpx.Client(base_url=self.url, **{"timeout": 60.0, **kwargs})
 
     def async_client(self, **kwargs: Any) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, timeout=60.0, **kwargs)
+        return httpx.AsyncClient(base_url=self.url, **{"timeout": 60.0, **kwargs})
 
 
 def set_settings(http: httpx.Client, **fields: Any) -> dict[str, Any]:

@@ -184,3 +184,19 @@ async def test_disconnect_mid_stream_aborts_and_frees_blocks(
 
     snap = wait_for(released, timeout=20)
     assert snap["totals"]["generation_tokens"] - before < 1500
+
+
+def test_disconnect_before_a_plain_response_aborts_and_frees_blocks(
+    client: httpx.Client, main_server: ServerProcess
+) -> None:
+    before = state(client)["totals"]["generation_tokens"]
+    body = {"prompt": list(range(2700, 2800)), "max_tokens": 1500, "ignore_eos": True}
+    with main_server.client(timeout=1.0) as http, pytest.raises(httpx.ReadTimeout):
+        http.post("/v1/completions", json=body)  # hangs up after one second
+
+    def released() -> dict | None:
+        snap = state(client)
+        return snap if not snap["requests"] and snap["kv"]["used"] == 0 else None
+
+    snap = wait_for(released, timeout=20)
+    assert snap["totals"]["generation_tokens"] - before < 1500

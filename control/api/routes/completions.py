@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
@@ -18,6 +19,7 @@ from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
 router = APIRouter(tags=["public"])
+DISCONNECT_POLL_S = 0.25
 
 ERRORS = {
     400: {"description": "The request can never be served (names the field or limit)."},
@@ -28,7 +30,7 @@ ERRORS = {
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS)
-async def create_completion(body: CompletionRequest, runtime: RuntimeDep):
+async def create_completion(body: CompletionRequest, runtime: RuntimeDep, request: Request):
     if body.model is not None and body.model != runtime.model_name:
         raise HTTPException(
             404, f"model {body.model!r} does not exist; this server serves {runtime.model_name!r}"
@@ -42,13 +44,7 @@ async def create_completion(body: CompletionRequest, runtime: RuntimeDep):
         return StreamingResponse(
             events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
-    final: RequestOutput | None = None
-    try:
-        async for output in stream:
-            final = output
-    finally:
-        await stream.aclose()
-    assert final is not None
+    final = await _until_finished_or_gone(stream, request)
     return CompletionResponse(
         id=request_id,
         created=created,
@@ -56,6 +52,29 @@ async def create_completion(body: CompletionRequest, runtime: RuntimeDep):
         choices=[_choice(final, final.text)],
         usage=_usage(final),
     )
+
+
+async def _until_finished_or_gone(stream: RequestStream, request: Request) -> RequestOutput:
+    """The final output; a client that hangs up first aborts the request (frees its blocks)."""
+    collect = asyncio.ensure_future(_last(stream))
+    try:
+        while not collect.done():
+            await asyncio.wait({collect}, timeout=DISCONNECT_POLL_S)
+            if not collect.done() and await request.is_disconnected():
+                collect.cancel()  # cancelling the stream's reader aborts the request
+                raise HTTPException(499, "the client closed the connection")
+        return collect.result()
+    finally:
+        collect.cancel()
+        await stream.aclose()
+
+
+async def _last(stream: RequestStream) -> RequestOutput:
+    final: RequestOutput | None = None
+    async for output in stream:
+        final = output
+    assert final is not None
+    return final
 
 
 def sampling_params(body: CompletionRequest) -> SamplingParams:
