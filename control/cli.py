@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -129,6 +130,23 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tui(args: argparse.Namespace) -> int:
+    from tui.app import run_console
+
+    token = args.token or os.environ.get("SERVEDECK_ADMIN_TOKEN") or _local_admin_token(args.db)
+    run_console(url=args.url, token=token, refresh=args.refresh, read_only=args.read_only)
+    return 0
+
+
+def _local_admin_token(db: str | None) -> str | None:
+    """The token a local ``servedeck serve`` saved beside its database, if there is one."""
+    from control.core.config import Settings
+    from control.server import token_file
+
+    path = token_file(Settings(**({"db": db} if db else {})).db_path())
+    return path.read_text().strip() if path.is_file() else None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="servedeck", description="LLM serving with switchable batching policies."
@@ -157,6 +175,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_args(p)
     p.add_argument("--no-console", action="store_true", help="only serve, until Ctrl-C")
     p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("tui", help="the admin console, against a running server")
+    p.add_argument("--url", help="server URL (default http://127.0.0.1:8000)")
+    p.add_argument("--token", help="admin token (default: $SERVEDECK_ADMIN_TOKEN or local file)")
+    p.add_argument("--db", help="local server's SQLite file, to find its saved admin token")
+    p.add_argument("--refresh", type=float, help="seconds between polls (default 1.0)")
+    p.add_argument("--read-only", action="store_true", help="hide every action that changes")
+    p.set_defaults(func=cmd_tui)
+
+    from bench.cli import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
 
     p = sub.add_parser("db", help="database maintenance")
     db_sub = p.add_subparsers(dest="db_command", required=True)

@@ -1,0 +1,94 @@
+"""Recorded server responses (tests/tui/fixtures, written to docs/api.md) served through
+httpx.MockTransport, so the console's real HttpClient runs against them."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tui.client import HttpClient
+
+FIXTURES = Path(__file__).parent / "fixtures"
+URL = "http://servedeck.test:8000"
+TOKEN = "T"
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def load(name: str) -> Any:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+def reply(name: str, status: int = 200, headers: dict[str, str] | None = None) -> Handler:
+    body = load(name)
+    return lambda request: httpx.Response(status, json=body, headers=headers)
+
+
+def state_series(count: int) -> list[dict[str, Any]]:
+    """``count`` states differing only in throughput, queue and KV usage (fixed numbers)."""
+    base = load("state")
+    tokens = [12.0, 30.5, 44.9, 38.0, 52.3, 41.2]
+    queue = [(2, 3), (5, 5), (9, 5), (8, 5), (6, 5), (7, 5)]
+    usage = [0.08, 0.15, 0.31, 0.27, 0.25, base["kv"]["usage"]]
+    states = []
+    for i in range(count):
+        j = len(tokens) - count + i
+        state = copy.deepcopy(base)
+        state["throughput"]["output_tokens_per_s"] = tokens[j]
+        state["queue"] = {"waiting": queue[j][0], "running": queue[j][1]}
+        state["kv"]["usage"] = usage[j]
+        states.append(state)
+    return states
+
+
+class RecordedServer:
+    """Answers from recorded JSON; remembers every request. ``states`` are served in order
+    and the last one repeats. Set ``down`` to refuse connections."""
+
+    def __init__(self, states: list[dict[str, Any]] | None = None) -> None:
+        self.requests: list[httpx.Request] = []
+        self.states = states or [load("state")]
+        self.down = False
+        self.routes: dict[tuple[str, str], Handler] = {
+            ("GET", "/admin/state"): self._state,
+            ("GET", "/admin/jobs"): reply("jobs"),
+            ("GET", "/admin/policy"): reply("policy", headers={"ETag": '"3"'}),
+            ("GET", "/admin/policy/schema"): reply("schema"),
+            ("GET", "/admin/policy/history"): reply("history"),
+            ("PUT", "/admin/policy"): self._put,
+            ("POST", "/admin/policy/rollback/2"): reply("update_applied"),
+            ("POST", "/admin/reclaim"): reply("reclaim"),
+        }
+
+    def _state(self, request: httpx.Request) -> httpx.Response:
+        served = sum(1 for r in self.requests if r.url.path == "/admin/state")
+        return httpx.Response(200, json=self.states[min(served, len(self.states)) - 1])
+
+    def _put(self, request: httpx.Request) -> httpx.Response:
+        dry = request.url.params.get("dry_run") == "true"
+        return reply("update_dry_run" if dry else "update_applied")(request)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        if self.down:
+            raise httpx.ConnectError("connection refused", request=request)
+        handler = self.routes.get((request.method, request.url.path))
+        if handler is None:
+            return httpx.Response(404, json={"detail": "Not Found"})
+        return handler(request)
+
+    def changes(self) -> list[httpx.Request]:
+        """Requests that would change the server (dry runs excluded)."""
+        return [
+            r for r in self.requests if r.method != "GET" and r.url.params.get("dry_run") != "true"
+        ]
+
+    def client(self, read_only: bool = False) -> HttpClient:
+        return HttpClient(
+            URL, TOKEN, read_only=read_only, transport=httpx.MockTransport(self.handle)
+        )

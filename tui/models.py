@@ -1,0 +1,177 @@
+"""The REST shapes of docs/api.md as the console reads them.
+
+Lenient on purpose: unknown fields are kept, missing optional ones default, so a newer server
+does not break an older console.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class PolicySpec(Model):
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class PolicySettings(Model):
+    policy: PolicySpec
+    memory_reserve: float
+    reclaim_interval_s: float
+
+
+class PolicyView(Model):
+    version: int
+    settings: PolicySettings
+    effective_params: dict[str, Any] = Field(default_factory=dict)
+    sources: dict[str, str] = Field(default_factory=dict)
+    actor: str | None = None
+    reason: str | None = None
+    created_at: str | None = None
+    etag: str | None = None
+    """The ETag header of the response (``"N"``), sent back as ``If-Match``."""
+
+
+class FieldChange(Model):
+    field: str
+    before: Any = None
+    after: Any = None
+
+
+class PolicyUpdateResult(Model):
+    dry_run: bool
+    applied: bool
+    version: int | None = None
+    diff: list[FieldChange] = Field(default_factory=list)
+    settings: PolicySettings | None = None
+
+
+class PolicyVersion(Model):
+    version: int
+    settings: PolicySettings
+    actor: str | None = None
+    reason: str | None = None
+    before: PolicySettings | None = None
+    after: PolicySettings | None = None
+    created_at: str | None = None
+    rollback_of: int | None = None
+
+
+class HistoryPage(Model):
+    items: list[PolicyVersion] = Field(default_factory=list)
+    total: int = 0
+    offset: int = 0
+    limit: int = 20
+
+
+class Bounds(Model):
+    minimum: float | None = None
+    maximum: float | None = None
+
+
+class PolicySchema(Model):
+    policies: dict[str, dict[str, Any]]
+    memory_reserve: Bounds = Field(default_factory=Bounds)
+    reclaim_interval_s: Bounds = Field(default_factory=Bounds)
+    engine_limits: dict[str, Any] = Field(default_factory=dict)
+
+
+class QueueDepths(Model):
+    waiting: int = 0
+    running: int = 0
+
+
+class RequestInfo(Model):
+    id: str
+    state: str
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    blocks: int = 0
+    age_s: float = 0.0
+    preemptions: int = 0
+
+
+class KvStats(Model):
+    block_size: int = 16
+    total: int = 0
+    free: int = 0
+    used: int = 0
+    cached: int = 0
+    reserved: int = 0
+    live_tokens: int = 0
+    held_slots: int = 0
+    utilization: float = 0.0
+    usage: float = 0.0
+
+
+class Throughput(Model):
+    output_tokens_per_s: float = 0.0
+    prompt_tokens_per_s: float = 0.0
+    steps_per_s: float = 0.0
+
+
+class Percentiles(Model):
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+
+
+class Latency(Model):
+    ttft: Percentiles = Field(default_factory=Percentiles)
+    tpot: Percentiles = Field(default_factory=Percentiles)
+    e2e: Percentiles = Field(default_factory=Percentiles)
+
+
+class ReclaimRun(Model):
+    at: str | None = None
+    trigger: str = "scheduled"
+    outcome: str = "ok"
+    freed: int = 0
+    evicted: int = 0
+    free_before: int | None = None
+    free_after: int | None = None
+    reserve_breached: bool = False
+    duration_s: float | None = None
+    error: str | None = None
+
+
+class AdminState(Model):
+    version: int
+    policy: PolicySpec
+    scheduler: dict[str, Any] = Field(default_factory=dict)
+    memory_reserve: float = 0.0
+    uptime_s: float = 0.0
+    queue: QueueDepths = Field(default_factory=QueueDepths)
+    requests: list[RequestInfo] = Field(default_factory=list)
+    kv: KvStats = Field(default_factory=KvStats)
+    block_map: str = ""
+    throughput: Throughput = Field(default_factory=Throughput)
+    latency: Latency = Field(default_factory=Latency)
+    totals: dict[str, Any] = Field(default_factory=dict)
+    recent_reclaims: list[ReclaimRun] = Field(default_factory=list)
+
+
+class Job(Model):
+    id: str
+    interval_s: float | None = None
+    next_run_at: str | None = None
+    on_time: bool = True
+    last_runs: list[ReclaimRun] = Field(default_factory=list)
+
+
+class JobsView(Model):
+    jobs: list[Job] = Field(default_factory=list)
+
+
+class Health(Model):
+    status: str
+    model: str | None = None
+    policy: str | None = None
+    version: int | None = None
+    reclaim_job_on_time: bool | None = None

@@ -1,0 +1,50 @@
+"""Queue depths and what the scheduler is doing with them."""
+
+from __future__ import annotations
+
+from textual.content import Content
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from tui.models import AdminState
+
+
+class QueuePanel(Widget):
+    state: reactive[AdminState | None] = reactive(None)
+
+    def on_mount(self) -> None:
+        self.border_title = "Queue"
+
+    def render(self) -> Content:
+        state = self.state
+        if state is None:
+            return Content.styled("waiting for the server…", "$text-muted")
+        sched = state.scheduler
+        totals = state.totals
+        params = sched.get("params") or state.policy.params
+        lines = [
+            Content.assemble(
+                "waiting ",
+                (str(state.queue.waiting), "bold"),
+                "  running ",
+                (str(state.queue.running), "bold"),
+            ),
+            Content.assemble(
+                "preempted ",
+                (str(sched.get("preemptions", totals.get("preemptions", 0))), "bold"),
+                "  finished ",
+                (str(totals.get("requests_finished", "—")), "bold"),
+            ),
+            Content.assemble(
+                "mode ",
+                (str(sched.get("mode") or "—"), "bold"),
+                "  reserve ",
+                (f"{state.memory_reserve:.0%}", "bold"),
+            ),
+            Content.styled(
+                " ".join(f"{k}={'cap' if v is None else v}" for k, v in params.items())
+                or "default params",
+                "$text-muted",
+            ),
+        ]
+        return Content("\n").join(lines)
