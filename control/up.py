@@ -69,14 +69,26 @@ def _console_available() -> bool:
 def up(settings: Settings, args: argparse.Namespace, console: bool = True) -> int:
     token = resolve_admin_token(settings)
     env = {**os.environ, "SERVEDECK_ADMIN_TOKEN": token}  # not on the command line (ps)
+    with_console = console and _console_available()
+    # The console owns the terminal: the server then logs to a file beside the database.
+    log_path = settings.db_path().with_suffix(".server.log")
+    log = open(log_path, "ab") if with_console else None  # noqa: SIM115 - closed below
     # A session of its own: Ctrl-C reaches this process only, which stops the child once.
-    child = subprocess.Popen(serve_argv(args), env=env, start_new_session=True)
+    child = subprocess.Popen(
+        serve_argv(args),
+        env=env,
+        start_new_session=True,
+        stdout=log,
+        stderr=subprocess.STDOUT if log else None,
+    )
     url = client_url(settings)
     failed = False
     try:
+        if log is not None:
+            print(f"starting the server at {url} (log: {log_path}) ...", flush=True)
         wait_healthy(url, child)
         print(f"servedeck is serving at {url}", flush=True)
-        if console and _console_available():
+        if with_console:
             from tui.app import run_console
 
             run_console(url=url, token=token)
@@ -91,4 +103,6 @@ def up(settings: Settings, args: argparse.Namespace, console: bool = True) -> in
         failed = True
     finally:
         status = stop(child)
+        if log is not None:
+            log.close()
     return 1 if failed else status
