@@ -1,4 +1,9 @@
-"""From an EngineConfig to a loaded model, a sized KV pool and a runner."""
+"""From an EngineConfig to a loaded model, a sized KV pool and a runner.
+
+Loading the weights (``load_bundle``) and building a runner around them (``build_runner``)
+are separate, so one loaded model can serve several engines (the benchmark gives every run a
+fresh engine and KV pool around the same weights).
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,10 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from engine.config import CPU_KV_CACHE_BYTES, EngineConfig
+from engine.config import CPU_KV_CACHE_BYTES, EngineConfig, EngineLimits
 from engine.kv_cache import allocate_kv_cache, kv_bytes_per_block
 from engine.model.config import ModelConfig
+from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import load_model
 from engine.runner import ModelRunner
 from engine.sampler import Sampler
@@ -22,13 +28,16 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class LoadedModel:
-    runner: ModelRunner
+class ModelBundle:
+    """Weights, tokenizer and stop tokens of one checkpoint, loaded once."""
+
+    model: LlamaForCausalLM
     tokenizer: Tokenizer | None
-    model_config: ModelConfig
     eos_token_ids: tuple[int, ...]
-    num_kv_blocks: int
-    max_model_len: int
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.config
 
 
 def load_tokenizer(path: Path) -> Tokenizer | None:
@@ -46,27 +55,29 @@ def eos_token_ids(path: Path, model_config: ModelConfig) -> tuple[int, ...]:
     return model_config.eos_token_ids
 
 
-def load(config: EngineConfig) -> LoadedModel:
+def load_bundle(config: EngineConfig) -> ModelBundle:
     path = Path(config.model)
-    device = torch.device(config.device)
-    dtype = getattr(torch, config.dtype)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    torch.manual_seed(config.seed)
-    model = load_model(path, dtype, device)
-    mc = model.config
+    model = load_model(path, getattr(torch, config.dtype), torch.device(config.device))
+    return ModelBundle(model, load_tokenizer(path), eos_token_ids(path, model.config))
+
+
+def build_runner(bundle: ModelBundle, config: EngineConfig) -> tuple[ModelRunner, EngineLimits]:
+    """A fresh KV pool and runner around loaded weights, and the limits they give."""
+    device = torch.device(config.device)
+    dtype = getattr(torch, config.dtype)
+    mc = bundle.config
     per_block = kv_bytes_per_block(
         mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim, dtype
     )
     num_blocks = config.num_kv_blocks or _default_num_blocks(config, device, per_block)
-    capacity = num_blocks * config.block_size
     max_model_len = config.max_model_len or mc.max_position_embeddings
     if max_model_len > mc.max_position_embeddings:
         raise ValueError(
             f"max_model_len={max_model_len} exceeds the model's "
             f"max_position_embeddings={mc.max_position_embeddings}"
         )
-    max_model_len = min(max_model_len, capacity)
     kv_caches = allocate_kv_cache(
         mc.num_hidden_layers,
         num_blocks,
@@ -76,13 +87,12 @@ def load(config: EngineConfig) -> LoadedModel:
         dtype,
         device,
     )
-    generator = torch.Generator(device=device).manual_seed(config.seed)
     runner = ModelRunner(
-        model,
+        bundle.model,
         kv_caches,
         config.block_size,
         resolve_backend(config.attention_backend, device),
-        Sampler(generator),
+        Sampler(torch.Generator(device=device).manual_seed(config.seed)),
     )
     log.info(
         "KV pool: %d blocks of %d tokens (%.1f MiB)",
@@ -90,14 +100,14 @@ def load(config: EngineConfig) -> LoadedModel:
         config.block_size,
         num_blocks * per_block / 2**20,
     )
-    return LoadedModel(
-        runner=runner,
-        tokenizer=load_tokenizer(path),
-        model_config=mc,
-        eos_token_ids=eos_token_ids(path, mc),
+    limits = EngineLimits(
+        block_size=config.block_size,
         num_kv_blocks=num_blocks,
-        max_model_len=max_model_len,
+        max_model_len=min(max_model_len, num_blocks * config.block_size),
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
     )
+    return runner, limits
 
 
 def _default_num_blocks(config: EngineConfig, device: torch.device, per_block: int) -> int:

@@ -14,7 +14,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from tokenizers import Tokenizer
@@ -31,6 +31,9 @@ from engine.sequence import Sequence
 from engine.stats import EngineStats, StepRecord
 from policies.base import PolicySpec, SchedulingPolicy
 from policies.registry import as_spec, make_policy
+
+if TYPE_CHECKING:
+    from engine.builder import ModelBundle
 
 T = TypeVar("T")
 Prompt = str | list[int]
@@ -76,26 +79,27 @@ class LLMEngine:
 
     @classmethod
     def from_config(
-        cls, config: EngineConfig, clock: Callable[[], float] = time.monotonic
+        cls,
+        config: EngineConfig,
+        clock: Callable[[], float] = time.monotonic,
+        bundle: ModelBundle | None = None,
+        policy: PolicySpec | str | dict[str, Any] | None = None,
     ) -> LLMEngine:
-        from engine.builder import load
+        """Load the checkpoint (or reuse a loaded ``bundle``) and size a fresh KV pool."""
+        from engine.builder import build_runner, load_bundle
 
-        loaded = load(config)
-        limits = EngineLimits(
-            block_size=config.block_size,
-            num_kv_blocks=loaded.num_kv_blocks,
-            max_model_len=loaded.max_model_len,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-        )
+        torch.manual_seed(config.seed)
+        bundle = bundle or load_bundle(config)
+        runner, limits = build_runner(bundle, config)
         return cls(
             config,
-            loaded.runner,
+            runner,
             limits,
-            tokenizer=loaded.tokenizer,
-            eos_token_ids=loaded.eos_token_ids,
-            vocab_size=loaded.model_config.vocab_size,
+            tokenizer=bundle.tokenizer,
+            eos_token_ids=bundle.eos_token_ids,
+            vocab_size=bundle.config.vocab_size,
             clock=clock,
+            policy=policy,
         )
 
     # -- requests -----------------------------------------------------------------------
