@@ -1,0 +1,319 @@
+"""Drives ``LLMEngine`` in-process: requests go in at their arrival times, ``step()`` runs
+until every request is done, and everything the metrics need is kept.
+
+The model is loaded once; each run gets a fresh engine (its own KV pool, block manager and
+policy) around it, so no run inherits another's cache. When the engine is empty and the next
+request is not due yet, the clock skips ahead instead of sleeping: nothing happens while the
+engine idles, so the timestamps are what a real wait would give, and a low-rate Poisson run
+costs only its busy time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.recording import EntryShape, RecordingRunner, StepTokens
+from bench.workloads import Workload
+from engine.builder import load_bundle
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.errors import QueueFull, RequestRejected
+from engine.kv_cache import ReclaimResult
+from engine.outputs import RequestMetrics
+from engine.sampling_params import SamplingParams
+from engine.stats import StepRecord
+
+STALL_S = 30.0
+"""A run whose engine makes no step for this long (wall time) is cut off and marked stalled."""
+
+
+class SkipClock:
+    """``perf_counter`` plus the idle time skipped so far."""
+
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def __call__(self) -> float:
+        return time.perf_counter() + self.skipped
+
+    def skip_to(self, when: float) -> None:
+        self.skipped += max(0.0, when - self())
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    policy: str
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    block_size: int = 16
+    kv_tokens: int = 32768
+    memory_reserve: float = 0.10
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return max(1, self.kv_tokens // self.block_size)
+
+
+class EngineFactory:
+    """One loaded model, fresh engines (KV pool, block manager, policy) around it."""
+
+    def __init__(self, model_dir: Path, device: str = "cpu", dtype: str = "float32") -> None:
+        self.model_dir = Path(model_dir)
+        self.device = torch.device(device)
+        self.dtype_name = dtype
+        self.dtype = getattr(torch, dtype)
+        self.bundle = load_bundle(
+            EngineConfig(model=str(self.model_dir), device=device, dtype=dtype)  # type: ignore[arg-type]
+        )
+        self.model_config = self.bundle.config
+        self.tokenizer = self.bundle.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    def kv_bytes_per_token(self) -> int:
+        mc = self.model_config
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * element
+
+    def build(
+        self, settings: EngineSettings, clock: Callable[[], float], keep_shapes: bool = False
+    ) -> tuple[LLMEngine, RecordingRunner]:
+        config = EngineConfig(
+            model=str(self.model_dir),
+            policy=settings.policy,
+            device=str(self.device),
+            dtype=self.dtype_name,  # type: ignore[arg-type]
+            block_size=settings.block_size,
+            num_kv_blocks=settings.num_kv_blocks,
+            max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            memory_reserve=settings.memory_reserve,
+            max_waiting=1 << 20,
+        )
+        engine = LLMEngine.from_config(
+            config,
+            clock=clock,
+            bundle=self.bundle,
+            policy={"name": settings.policy, "params": settings.policy_params},
+        )
+        recorder = RecordingRunner(engine.runner, keep_shapes=keep_shapes)
+        engine.runner = recorder
+        return engine, recorder
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    index: int
+    tag: str
+    prompt_tokens: int
+    output_tokens: int
+    arrival: float
+    first_scheduled: float | None
+    first_token: float | None
+    token_times: list[float]
+    finish: float | None
+    preemptions: int
+
+    @classmethod
+    def of(cls, index: int, tag: str, prompt_tokens: int, m: RequestMetrics) -> RequestRecord:
+        return cls(
+            index,
+            tag,
+            prompt_tokens,
+            len(m.token_times),
+            m.arrival_time,
+            m.first_scheduled_time,
+            m.first_token_time,
+            list(m.token_times),
+            m.finish_time,
+            m.num_preemptions,
+        )
+
+
+@dataclass(slots=True)
+class Hooks:
+    """Maintenance experiments: leak some requests halfway, sweep every so often."""
+
+    leak: frozenset[int] = frozenset()
+    reclaim_every_s: float | None = None
+    watch_memory: bool = False
+
+
+@dataclass
+class RunTrace:
+    """Everything one run leaves behind, times on the run's clock (``start`` = t0)."""
+
+    requests: list[RequestRecord]
+    steps: list[StepRecord]
+    tokens: list[StepTokens]
+    shapes: list[list[EntryShape]]
+    start: float
+    end: float
+    idle_skipped_s: float
+    instrument_s: float
+    refused: int = 0
+    leaked: int = 0
+    stalled: bool = False
+    reclaims: list[tuple[float, ReclaimResult]] = field(default_factory=list)
+    leaked_tokens: list[int] = field(default_factory=list)
+    """Per step (when leaking): tokens stored for leaked requests, counted as live by the
+    engine although nobody will ever read them."""
+    holding: list[int] = field(default_factory=list)
+    """Per step (when watching memory): how many requests hold KV blocks."""
+    bookkeeping_bytes: int = 0
+    kv_bytes_at_peak: int = 0
+    outputs: dict[int, list[int]] = field(default_factory=dict)
+
+
+Advance = Callable[[int], None]
+"""Told how many more requests are done (finished, refused or leaked)."""
+
+
+def _params(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def drive(
+    engine: LLMEngine,
+    recorder: RecordingRunner,
+    workload: Workload,
+    hooks: Hooks | None = None,
+    progress: Advance | None = None,
+    kv_bytes_per_token: int = 0,
+) -> RunTrace:
+    hooks = hooks or Hooks()
+    advance = progress or (lambda n: None)
+    clock: Callable[[], float] = engine.clock
+    skip = clock.skip_to if isinstance(clock, SkipClock) else None
+    skipped_before = clock.skipped if isinstance(clock, SkipClock) else 0.0
+    queue = deque(enumerate(workload.requests))
+    index_of: dict[str, int] = {}
+    to_leak = set(hooks.leak)
+    leaked: set[str] = set()
+    in_flight = 0
+    records: list[RequestRecord] = []
+    steps: list[StepRecord] = []
+    trace = RunTrace(records, steps, recorder.tokens, recorder.shapes, 0.0, 0.0, 0.0, 0.0)
+
+    def submit(index: int, arrival: float) -> None:
+        nonlocal in_flight
+        request = workload.requests[index]
+        request_id = f"r{index}"
+        try:
+            engine.add_request(
+                list(request.prompt), _params(request.max_tokens), request_id, arrival
+            )
+        except (QueueFull, RequestRejected):
+            trace.refused += 1
+            advance(1)
+            return
+        index_of[request_id] = index
+        in_flight += 1
+
+    start = clock()
+    trace.start = start
+    last_reclaim = time.perf_counter()
+    last_progress = time.perf_counter()
+    while queue or engine.has_unfinished_requests():
+        now = clock()
+        if workload.clients:
+            while queue and in_flight < workload.clients:
+                submit(queue.popleft()[0], now)
+        else:
+            while queue and start + queue[0][1].arrival <= now:
+                index, request = queue.popleft()
+                submit(index, start + request.arrival)
+        if not engine.has_unfinished_requests():
+            if queue and skip is not None and not workload.clients:
+                skip(start + queue[0][1].arrival)
+            elif queue and not workload.clients:
+                time.sleep(max(0.0, start + queue[0][1].arrival - clock()))
+            continue
+        before = engine.stats.num_steps
+        outputs = engine.step()
+        if engine.stats.num_steps > before:
+            steps.append(engine.stats.steps[-1])
+            last_progress = time.perf_counter()
+            if hooks.leak:
+                trace.leaked_tokens.append(_leaked_tokens(engine, leaked))
+            if hooks.watch_memory:
+                _watch_memory(engine, trace, kv_bytes_per_token)
+        elif time.perf_counter() - last_progress > STALL_S:
+            trace.stalled = True
+            break
+        for out in outputs:
+            index = index_of[out.request_id]
+            if out.finished:
+                request = workload.requests[index]
+                records.append(
+                    RequestRecord.of(index, request.tag, len(request.prompt), out.metrics)
+                )
+                trace.outputs[index] = out.token_ids
+                in_flight -= 1
+                advance(1)
+            elif index in to_leak and len(out.token_ids) * 2 >= workload.requests[index].max_tokens:
+                engine.leak_sequence(out.request_id).result()
+                to_leak.discard(index)
+                leaked.add(out.request_id)
+                trace.leaked += 1
+                in_flight -= 1
+                advance(1)
+        if hooks.reclaim_every_s and time.perf_counter() - last_reclaim >= hooks.reclaim_every_s:
+            trace.reclaims.append((clock(), engine.reclaim().result()))
+            last_reclaim = time.perf_counter()
+    trace.end = max((r.finish for r in records if r.finish is not None), default=clock())
+    trace.idle_skipped_s = (clock.skipped if isinstance(clock, SkipClock) else 0.0) - skipped_before
+    trace.instrument_s = recorder.instrument_s
+    return trace
+
+
+def _leaked_tokens(engine: LLMEngine, leaked: set[str]) -> int:
+    """Tokens still stored for leaked requests (until a sweep frees their blocks)."""
+    blocks = engine.blocks
+    tables = [blocks.tables[r] for r in leaked if r in blocks.tables]
+    return sum(blocks.fill[b] for table in tables for b in table)
+
+
+def _watch_memory(engine: LLMEngine, trace: RunTrace, kv_bytes_per_token: int) -> None:
+    """Count the requests holding KV, and keep the block manager's own footprint at the step
+    where it holds the most KV."""
+    trace.holding.append(len(engine.blocks.tables))
+    held_bytes = engine.blocks.num_used * engine.blocks.block_size * kv_bytes_per_token
+    if held_bytes > trace.kv_bytes_at_peak * 1.05:
+        trace.kv_bytes_at_peak = held_bytes
+        trace.bookkeeping_bytes = deep_size(engine.blocks)
+
+
+def deep_size(obj: object) -> int:
+    """Bytes of Python objects reachable from ``obj`` (each counted once), tensors excluded."""
+    import sys
+
+    seen: set[int] = set()
+    stack = [obj]
+    total = 0
+    while stack:
+        item = stack.pop()
+        if id(item) in seen or isinstance(item, torch.Tensor | type):
+            continue
+        seen.add(id(item))
+        total += sys.getsizeof(item)
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple | set | frozenset | deque):
+            stack.extend(item)
+        elif hasattr(item, "__dict__"):
+            stack.append(vars(item))
+        elif hasattr(item, "__slots__"):
+            stack.extend(getattr(item, s) for s in item.__slots__ if hasattr(item, s))
+    return total
