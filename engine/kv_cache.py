@@ -420,10 +420,16 @@ def allocate_kv_cache(
 ) -> list[torch.Tensor]:
     """One ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` pool per layer.
 
-    Zeroed, not empty: a masked slot still enters ``0 × value`` and must not hold NaN.
+    Stored head-major (``[2, num_kv_heads, num_blocks, block_size, head_dim]`` underneath):
+    a decode batch's blocks of one head then gather into one contiguous buffer, and the
+    kernels, which honour strides, read the logical view. Zeroed, not empty: a masked slot
+    still enters ``0 × value`` and must not hold NaN.
     """
-    shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
-    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+    shape = (2, num_kv_heads, num_blocks, block_size, head_dim)
+    return [
+        torch.zeros(shape, dtype=dtype, device=device).permute(0, 2, 3, 1, 4)
+        for _ in range(num_layers)
+    ]
 
 
 def kv_bytes_per_block(

@@ -156,16 +156,16 @@ class ModelRunner:
         return torch.tensor(rows, dtype=torch.int32, device=self.device).view(len(tables), width)
 
     def _decode_workspace(self, tables: list[list[int]]):
-        """Reused gather buffers for the torch decode path (see kernels.reference)."""
+        """Reused flat gather buffers for the torch decode path (see kernels.reference)."""
         if self.backend != "torch" or not tables:
             return None
-        needed = len(tables) * max(len(t) for t in tables)
-        if self._workspace is None or self._workspace[0].shape[0] < needed:
+        cache = self.kv_caches[0]
+        per_block = cache.shape[2] * cache.shape[3] * cache.shape[4]
+        needed = len(tables) * max(len(t) for t in tables) * per_block
+        if self._workspace is None or self._workspace[0].numel() < needed:
             capacity = 1 << (needed - 1).bit_length()
-            cache = self.kv_caches[0]
-            shape = (capacity, *cache.shape[2:])
             self._workspace = (
-                torch.empty(shape, dtype=cache.dtype, device=self.device),
-                torch.empty(shape, dtype=cache.dtype, device=self.device),
+                torch.empty(capacity, dtype=cache.dtype, device=self.device),
+                torch.empty(capacity, dtype=cache.dtype, device=self.device),
             )
         return self._workspace

@@ -6,13 +6,23 @@ head_dim]``; ``block_tables`` is ``[num_seqs, max_blocks]`` of physical block id
 are written. A query chunk of ``q_len`` tokens holds the *last* ``q_len`` positions of its
 sequence: query ``j`` sits at position ``seq_len - q_len + j`` and attends to keys ``0..pos``.
 
-These are the semantics the Triton kernels are tested against, and the CPU fast path.
+These are the semantics the Triton kernels are tested against, and the CPU fast path. Any
+strides work; the engine stores the pool head-major (``[kv_heads, num_blocks, block_size,
+head_dim]`` underneath the logical view), where gathering one head's blocks for a decode
+batch is a single contiguous copy and attention runs as dense batched matrix products.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+
+def head_major(cache: torch.Tensor) -> torch.Tensor | None:
+    """The ``[kv_heads, num_blocks, block_size, head_dim]`` storage behind a logical cache
+    view, when the pool is stored that way (else None)."""
+    storage = cache.permute(2, 0, 1, 3)
+    return storage if storage.is_contiguous() else None
 
 
 def write_kv_cache(
@@ -27,14 +37,19 @@ def write_kv_cache(
     ``slot = block_id * block_size + offset``; a slot of -1 marks a token that is computed
     but not stored (a padding row).
     """
-    num_slots = k_cache.shape[0] * k_cache.shape[1]
-    flat_k = k_cache.view(num_slots, *k_cache.shape[2:])
-    flat_v = v_cache.view(num_slots, *v_cache.shape[2:])
     keep = slot_mapping >= 0
     if not bool(keep.all()):
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
-    flat_k.index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    flat_v.index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    for cache, new in ((k_cache, key), (v_cache, value)):
+        storage = head_major(cache)
+        if storage is not None:
+            flat = storage.view(storage.shape[0], num_slots, storage.shape[3])
+            flat.index_copy_(1, slot_mapping, new.transpose(0, 1).to(cache.dtype))
+        else:
+            cache.view(num_slots, *cache.shape[2:]).index_copy_(
+                0, slot_mapping, new.to(cache.dtype)
+            )
 
 
 def decode_attention(
@@ -48,30 +63,59 @@ def decode_attention(
 ) -> torch.Tensor:
     """One query token per sequence: ``query`` ``[B, heads, head_dim]`` -> same shape.
 
-    Vectorised over the batch. The blocks of every sequence are gathered with
-    ``index_select(out=...)`` into ``workspace`` when given: gathering into freshly
-    allocated tensors each layer is several times slower on CPU (page faults).
+    Vectorised over the batch. Every sequence's blocks are gathered with
+    ``index_select(out=...)`` into ``workspace`` (two flat buffers) when given: gathering into
+    freshly allocated tensors each layer is several times slower on CPU (page faults).
     """
+    k_storage, v_storage = head_major(k_cache), head_major(v_cache)
+    if k_storage is None or v_storage is None:
+        return _decode_token_major(query, k_cache, v_cache, block_tables, seq_lens, scale)
     batch, num_heads, head_dim = query.shape
-    max_blocks = block_tables.shape[1]
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    span = max_blocks * block_size
+    num_kv_heads, _, block_size, _ = k_storage.shape
+    group = num_heads // num_kv_heads
+    span = block_tables.shape[1] * block_size
     index = block_tables.reshape(-1).long()
-    if workspace is None:
-        keys = k_cache.index_select(0, index)
-        values = v_cache.index_select(0, index)
-    else:
-        count = batch * max_blocks
-        keys = torch.index_select(k_cache, 0, index, out=workspace[0][:count])
-        values = torch.index_select(v_cache, 0, index, out=workspace[1][:count])
-    keys = keys.view(batch, span, num_kv_heads, head_dim).transpose(1, 2)
-    values = values.view(batch, span, num_kv_heads, head_dim).transpose(1, 2)
+    shape = (num_kv_heads, index.numel(), block_size, head_dim)
+    keys = _gather(k_storage, index, shape, None if workspace is None else workspace[0])
+    values = _gather(v_storage, index, shape, None if workspace is None else workspace[1])
+    keys = keys.view(num_kv_heads * batch, span, head_dim)
+    values = values.view(num_kv_heads * batch, span, head_dim)
+    # [B, kv_heads, group, dim] -> one (kv head, sequence) pair per batched product
+    q = query.view(batch, num_kv_heads, group, head_dim).transpose(0, 1)
+    q = q.reshape(num_kv_heads * batch, group, head_dim).to(keys.dtype)
+    positions = torch.arange(span, device=query.device)
+    masked = positions[None, :] >= seq_lens[:, None].to(positions.dtype)
+    bias = torch.zeros(batch, span, dtype=keys.dtype, device=query.device)
+    bias.masked_fill_(masked, float("-inf"))
+    bias = bias[None, :, None, :].expand(num_kv_heads, batch, group, span)
+    scores = torch.baddbmm(
+        bias.reshape(num_kv_heads * batch, group, span), q, keys.transpose(1, 2), alpha=scale
+    )
+    out = torch.bmm(torch.softmax(scores, dim=-1), values)
+    out = out.view(num_kv_heads, batch, group, head_dim).transpose(0, 1)
+    return out.reshape(batch, num_heads, head_dim).to(query.dtype)
+
+
+def _gather(storage, index, shape, buffer) -> torch.Tensor:
+    if buffer is None:
+        return storage.index_select(1, index)
+    out = buffer[: shape[0] * shape[1] * shape[2] * shape[3]].view(shape)
+    return torch.index_select(storage, 1, index, out=out)
+
+
+def _decode_token_major(query, k_cache, v_cache, block_tables, seq_lens, scale) -> torch.Tensor:
+    batch, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    span = block_tables.shape[1] * block_size
+    index = block_tables.reshape(-1).long()
+    keys = k_cache.index_select(0, index).view(batch, span, num_kv_heads, head_dim)
+    values = v_cache.index_select(0, index).view(batch, span, num_kv_heads, head_dim)
     positions = torch.arange(span, device=query.device)
     mask = (positions[None, :] < seq_lens[:, None].to(positions.dtype))[:, None, None, :]
     out = F.scaled_dot_product_attention(
         query[:, :, None, :].to(keys.dtype),
-        keys,
-        values,
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
         attn_mask=mask,
         scale=scale,
         enable_gqa=num_heads != num_kv_heads,
@@ -96,8 +140,8 @@ def prefill_attention(
     written to the cache). When a chunk is the whole sequence and ``key``/``value`` (the
     packed new keys) are given, they are used directly instead of reading the cache back.
     """
-    num_heads, head_dim = query.shape[1], query.shape[2]
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    num_heads = query.shape[1]
+    num_kv_heads = k_cache.shape[2]
     out = torch.empty_like(query)
     for i, seq_len in enumerate(seq_lens):
         start, end = query_start_loc[i], query_start_loc[i + 1]
@@ -105,15 +149,14 @@ def prefill_attention(
         if q_len == 0:
             continue
         if key is not None and value is not None and seq_len == q_len:
-            keys, values = key[start:end], value[start:end]
+            k = key[start:end].transpose(0, 1)
+            v = value[start:end].transpose(0, 1)
         else:
-            num_blocks = -(-seq_len // block_size)
-            table = block_tables[i, :num_blocks].long()
-            keys = k_cache.index_select(0, table).view(-1, num_kv_heads, head_dim)[:seq_len]
-            values = v_cache.index_select(0, table).view(-1, num_kv_heads, head_dim)[:seq_len]
+            table = block_tables[i, : -(-seq_len // k_cache.shape[1])].long()
+            k = _sequence_keys(k_cache, table, seq_len)
+            v = _sequence_keys(v_cache, table, seq_len)
         q = query[start:end].transpose(0, 1)[None]
-        k = keys.transpose(0, 1)[None].to(q.dtype)
-        v = values.transpose(0, 1)[None].to(q.dtype)
+        k, v = k[None].to(q.dtype), v[None].to(q.dtype)
         gqa = num_heads != num_kv_heads
         if seq_len == q_len:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
@@ -124,3 +167,13 @@ def prefill_attention(
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
         out[start:end] = o[0].transpose(0, 1)
     return out
+
+
+def _sequence_keys(cache: torch.Tensor, table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """One sequence's cached keys (or values) as ``[kv_heads, seq_len, head_dim]``."""
+    storage = head_major(cache)
+    if storage is not None:
+        gathered = storage.index_select(1, table)
+        return gathered.view(storage.shape[0], -1, storage.shape[3])[:, :seq_len]
+    gathered = cache.index_select(0, table).view(-1, cache.shape[2], cache.shape[3])
+    return gathered[:seq_len].transpose(0, 1)
