@@ -57,6 +57,7 @@ class AttentionMetadata:
     max_prefill_query_len: int
     backend: Backend = "torch"
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None
+    decode_buckets: list[tuple[int, int, int]] | None = None
 
 
 def paged_attention(
@@ -104,6 +105,7 @@ def _decode(query, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> t
         meta.decode_seq_lens,
         scale,
         workspace=meta.workspace,
+        buckets=meta.decode_buckets,
     )
 
 

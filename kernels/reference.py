@@ -60,16 +60,32 @@ def decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    buckets: list[tuple[int, int, int]] | None = None,
 ) -> torch.Tensor:
     """One query token per sequence: ``query`` ``[B, heads, head_dim]`` -> same shape.
 
     Vectorised over the batch. Every sequence's blocks are gathered with
     ``index_select(out=...)`` into ``workspace`` (two flat buffers) when given: gathering into
     freshly allocated tensors each layer is several times slower on CPU (page faults).
+    ``buckets`` (``(first row, end row, table width)``, rows sorted by length) lets short
+    sequences skip the padding of the block table up to the longest one's width.
     """
     k_storage, v_storage = head_major(k_cache), head_major(v_cache)
     if k_storage is None or v_storage is None:
         return _decode_token_major(query, k_cache, v_cache, block_tables, seq_lens, scale)
+    if buckets and len(buckets) > 1:
+        out = torch.empty_like(query)
+        for start, end, width in buckets:
+            out[start:end] = decode_attention(
+                query[start:end],
+                k_cache,
+                v_cache,
+                block_tables[start:end, :width],
+                seq_lens[start:end],
+                scale,
+                workspace,
+            )
+        return out
     batch, num_heads, head_dim = query.shape
     num_kv_heads, _, block_size, _ = k_storage.shape
     group = num_heads // num_kv_heads

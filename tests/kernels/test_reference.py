@@ -49,9 +49,7 @@ def test_decode_and_prefill_agree_across_layouts_and_with_dense_attention(seq_le
             reference.write_kv_cache(k, v, pool[0], pool[1], slots)
     q = torch.randn(4, heads, dim)
     lens = torch.tensor(seq_lens)
-    decoded = [
-        reference.decode_attention(q, pool[0], pool[1], tables, lens, 0.2) for pool in pools
-    ]
+    decoded = [reference.decode_attention(q, pool[0], pool[1], tables, lens, 0.2) for pool in pools]
     torch.testing.assert_close(decoded[0], decoded[1])
     for i, n in enumerate(seq_lens):
         want = _dense(q[i : i + 1], keys[i], values[i], 0.2, torch.tensor([n - 1]))
@@ -78,3 +76,29 @@ def test_padding_slots_are_not_written():
     key = torch.ones(3, 2, 32)
     reference.write_kv_cache(key, key, pool[0], pool[1], torch.tensor([0, -1, 5]))
     assert int((pool[0] != 0).any(-1).sum()) == 2 * 2  # two slots, two heads each
+
+
+def test_length_buckets_give_the_same_decode():
+    from engine.runner import _length_buckets
+
+    torch.manual_seed(1)
+    pool, _ = _pools(num_blocks=64, block_size=16)
+    lens = [3, 5, 9, 16, 17, 20, 30, 33, 100, 120]  # sorted, as the runner orders them
+    widths = [-(-n // 16) for n in lens]
+    buckets = _length_buckets(widths)
+    assert buckets == [(0, 7, 2), (7, 10, 8)]
+    tables = torch.zeros(len(lens), max(widths), dtype=torch.int64)
+    next_block = 0
+    for row, (n, width) in enumerate(zip(lens, widths, strict=True)):
+        tables[row, :width] = torch.arange(next_block, next_block + width)
+        next_block += width
+        pos = torch.arange(n)
+        kv = torch.randn(n, 2, 32)
+        slots = tables[row][pos // 16] * 16 + pos % 16
+        reference.write_kv_cache(kv, kv.flip(0), pool[0], pool[1], slots)
+    q = torch.randn(len(lens), 4, 32)
+    seq_lens = torch.tensor(lens)
+    whole = reference.decode_attention(q, pool[0], pool[1], tables, seq_lens, 0.3)
+    split = reference.decode_attention(q, pool[0], pool[1], tables, seq_lens, 0.3, buckets=buckets)
+    torch.testing.assert_close(split, whole)
+    assert _length_buckets([4] * 10) is None, "equal lengths: nothing to save"
