@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint format bench-quick clean
+.PHONY: run test lint format bench-quick gpu-check-prep clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,15 @@ format: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(BIN)/servedeck bench --preset quick
+
+# Pydantic for the GPU machine (Python 3.12, no network): unpacked into .gpu-site, which the
+# device run carries and puts on PYTHONPATH (see docs/gpu.md).
+gpu-check-prep: $(STAMP)
+	rm -rf .gpu-wheels .gpu-site
+	$(PIP) download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+		-d .gpu-wheels -c constraints.txt pydantic
+	$(BIN)/python -c "import glob, zipfile; [zipfile.ZipFile(w).extractall('.gpu-site') for w in glob.glob('.gpu-wheels/*.whl')]"
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
