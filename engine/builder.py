@@ -16,6 +16,7 @@ import torch
 from tokenizers import Tokenizer
 
 from engine.config import CPU_KV_CACHE_BYTES, EngineConfig, EngineLimits
+from engine.host_memory import retain_freed_memory
 from engine.kv_cache import allocate_kv_cache, kv_bytes_per_block
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
@@ -59,6 +60,8 @@ def load_bundle(config: EngineConfig) -> ModelBundle:
     path = Path(config.model)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
+    if config.retain_freed_host_memory and torch.device(config.device).type == "cpu":
+        retain_freed_memory()
     model = load_model(path, getattr(torch, config.dtype), torch.device(config.device))
     return ModelBundle(model, load_tokenizer(path), eos_token_ids(path, model.config))
 

@@ -42,6 +42,8 @@ class EngineConfig:
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
     gpu_memory_utilization: float = 0.90
     num_threads: int | None = None
+    retain_freed_host_memory: bool = True
+    """On CPU, keep freed allocations mapped between forwards (see engine.host_memory)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
