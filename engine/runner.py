@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from engine.batch import ScheduledBatch
+from engine.decode_gather import DecodeGatherCache
 from engine.model.llama import LlamaForCausalLM
 from engine.sampler import Sampler
 from engine.sequence import Sequence
@@ -45,9 +46,15 @@ class ModelRunner:
         self.device = kv_caches[0].device
         self.last_forward_s = 0.0
         self._workspace: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._step = 0
+        self.decode_gathers = DecodeGatherCache(
+            kv_caches, block_size, sum(c.numel() * c.element_size() for c in kv_caches)
+        )
+        """Per-layer decode buffers kept across steps; at most as many bytes as the pool."""
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> list[int]:
+        self._step += 1
         if batch.block_copies:
             self._copy_blocks(batch.block_copies)
         input_ids, positions, meta, sample_rows, sample_seqs = self._prepare(batch)
@@ -81,6 +88,7 @@ class ModelRunner:
         slots: list[int] = []
         decode_lens: list[int] = []
         decode_tables: list[list[int]] = []
+        new_positions: list[int] = []
         sample_index: dict[int, int] = {}
         for entry in decodes:
             seq = entry.seq
@@ -95,6 +103,7 @@ class ModelRunner:
             ids.append(seq.token_ids[p])
             pos.append(p)
             slots.append(slot)
+            new_positions.append(-1 if slot < 0 else p)
             decode_lens.append(seq_len)
             decode_tables.append(seq.block_table[: -(-seq_len // size)])
         prefill_lens: list[int] = []
@@ -129,6 +138,10 @@ class ModelRunner:
             if entry.sample:
                 sample_rows.append(sample_index[id(entry)])
                 sample_seqs.append(entry.seq)
+        buckets = _length_buckets([len(t) for t in decode_tables])
+        workspace, layer_workspaces, kept_positions = self._decode_buffers(
+            batch, decodes, decode_tables, buckets, new_positions
+        )
         meta = AttentionMetadata(
             slot_mapping=slot_mapping.to(self.device),
             num_decode_tokens=len(decodes),
@@ -147,8 +160,10 @@ class ModelRunner:
                 (b - a for a, b in itertools.pairwise(query_start)), default=0
             ),
             backend=self.backend,
-            workspace=self._decode_workspace(decode_tables),
-            decode_buckets=_length_buckets([len(t) for t in decode_tables]),
+            workspace=workspace,
+            layer_workspaces=layer_workspaces,
+            kept_positions=kept_positions,
+            decode_buckets=buckets,
         )
         input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
         positions = torch.tensor(pos, dtype=torch.int64, device=self.device)
@@ -159,10 +174,25 @@ class ModelRunner:
         rows = [t + [0] * (width - len(t)) for t in tables]
         return torch.tensor(rows, dtype=torch.int32, device=self.device).view(len(tables), width)
 
-    def _decode_workspace(self, tables: list[list[int]]):
-        """Reused flat gather buffers for the torch decode path (see kernels.reference)."""
+    def _decode_buffers(self, batch, decodes, tables, buckets, new_positions):
+        """Where the torch decode path gathers: per-layer buffers kept across steps when they
+        fit (engine.decode_gather), else one shared workspace (see kernels.reference)."""
         if self.backend != "torch" or not tables:
-            return None
+            return None, None, None
+        layout = buckets or [(0, len(tables), max(len(t) for t in tables))]
+        layer_workspaces, kept = self.decode_gathers.plan(
+            self._step,
+            [entry.seq.seq_id for entry in decodes],
+            tables,
+            layout,
+            new_positions,
+            bool(batch.block_copies),
+        )
+        if layer_workspaces is not None:
+            return None, layer_workspaces, kept
+        return self._shared_workspace(tables), None, None
+
+    def _shared_workspace(self, tables: list[list[int]]):
         cache = self.kv_caches[0]
         per_block = cache.shape[2] * cache.shape[3] * cache.shape[4]
         needed = len(tables) * max(len(t) for t in tables) * per_block

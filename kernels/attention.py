@@ -57,6 +57,12 @@ class AttentionMetadata:
     max_prefill_query_len: int
     backend: Backend = "torch"
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None
+    """Flat buffers every layer gathers its decode blocks into (torch backend)."""
+    layer_workspaces: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+    """Instead of ``workspace``: one pair per layer, by the K cache's ``data_ptr()``, kept
+    across steps so that ``kept_positions`` can skip the gather."""
+    kept_positions: torch.Tensor | None = None
+    """Set when each layer's buffers still hold last step's gather (reference.KeptGather)."""
     decode_buckets: list[tuple[int, int, int]] | None = None
 
 
@@ -79,24 +85,32 @@ def paged_attention(
     else:
         reference.write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
     if num_decode == query.shape[0]:
-        return _decode(query, k_cache, v_cache, meta, scale)
+        return _decode(query, key, value, k_cache, v_cache, meta, scale)
     if num_decode == 0:
         return _prefill(query, key, value, k_cache, v_cache, meta, scale)
     out = torch.empty_like(query)
-    out[:num_decode] = _decode(query[:num_decode], k_cache, v_cache, meta, scale)
+    out[:num_decode] = _decode(
+        query[:num_decode], key[:num_decode], value[:num_decode], k_cache, v_cache, meta, scale
+    )
     out[num_decode:] = _prefill(
         query[num_decode:], key[num_decode:], value[num_decode:], k_cache, v_cache, meta, scale
     )
     return out
 
 
-def _decode(query, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def _decode(query, key, value, k_cache, v_cache, meta: AttentionMetadata, scale: float):
     if meta.backend == "triton":
         from kernels.triton import ops
 
         return ops.paged_decode_attention(
             query, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale
         )
+    workspace = meta.workspace
+    if meta.layer_workspaces is not None:
+        workspace = meta.layer_workspaces[k_cache.data_ptr()]
+    kept = None
+    if meta.kept_positions is not None:
+        kept = reference.KeptGather(meta.kept_positions, key, value)
     return reference.decode_attention(
         query,
         k_cache,
@@ -104,8 +118,9 @@ def _decode(query, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> t
         meta.decode_block_tables,
         meta.decode_seq_lens,
         scale,
-        workspace=meta.workspace,
+        workspace=workspace,
         buckets=meta.decode_buckets,
+        kept=kept,
     )
 
 

@@ -14,6 +14,8 @@ batch is a single contiguous copy and attention runs as dense batched matrix pro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -52,6 +54,21 @@ def write_kv_cache(
             )
 
 
+@dataclass(slots=True)
+class KeptGather:
+    """The decode rows' blocks as gathered at the previous step, still valid but for this
+    step's tokens: the same rows in the same order and bucket layout, each row's block table
+    at most grown by the block its new token opens.
+
+    ``new_positions[i]`` is row ``i``'s new token inside its bucket's gathered keys
+    (``row_in_bucket * width * block_size + position``), -1 for a row that writes nothing.
+    """
+
+    new_positions: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+
+
 def decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -61,6 +78,7 @@ def decode_attention(
     scale: float,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     buckets: list[tuple[int, int, int]] | None = None,
+    kept: KeptGather | None = None,
 ) -> torch.Tensor:
     """One query token per sequence: ``query`` ``[B, heads, head_dim]`` -> same shape.
 
@@ -68,32 +86,49 @@ def decode_attention(
     ``index_select(out=...)`` into ``workspace`` (two flat buffers) when given: gathering into
     freshly allocated tensors each layer is several times slower on CPU (page faults).
     ``buckets`` (``(first row, end row, table width)``, rows sorted by length) lets short
-    sequences skip the padding of the block table up to the longest one's width.
+    sequences skip the padding of the block table up to the longest one's width; bucket ``i``
+    is gathered right after bucket ``i - 1`` in the workspace. With ``kept`` the workspace
+    already holds last step's gather and only this step's tokens are copied in.
     """
     k_storage, v_storage = head_major(k_cache), head_major(v_cache)
     if k_storage is None or v_storage is None:
         return _decode_token_major(query, k_cache, v_cache, block_tables, seq_lens, scale)
-    if buckets and len(buckets) > 1:
-        out = torch.empty_like(query)
-        for start, end, width in buckets:
-            out[start:end] = decode_attention(
-                query[start:end],
-                k_cache,
-                v_cache,
-                block_tables[start:end, :width],
-                seq_lens[start:end],
-                scale,
-                workspace,
-            )
-        return out
+    layout = buckets or [(0, query.shape[0], block_tables.shape[1])]
+    if kept is not None and workspace is None:
+        raise ValueError("a kept gather needs the workspace it was gathered into")
+    out = torch.empty_like(query) if len(layout) > 1 else None
+    offset = 0
+    for start, end, width in layout:
+        rows = slice(start, end)
+        tables = block_tables[rows, :width]
+        if workspace is None:
+            keys = _gather(k_storage, tables, None)
+            values = _gather(v_storage, tables, None)
+        else:
+            size = k_storage.shape[0] * tables.numel() * k_storage[0, 0].numel()
+            k_buf = workspace[0][offset : offset + size]
+            v_buf = workspace[1][offset : offset + size]
+            offset += size
+            if kept is None:
+                keys, values = _gather(k_storage, tables, k_buf), _gather(v_storage, tables, v_buf)
+            else:
+                keys, values = _view(k_storage, tables, k_buf), _view(v_storage, tables, v_buf)
+                _copy_new_tokens(keys, values, kept, rows)
+        result = _attend(query[rows], keys, values, seq_lens[rows], scale)
+        if out is None:
+            return result
+        out[rows] = result
+    assert out is not None
+    return out
+
+
+def _attend(query, keys, values, seq_lens, scale) -> torch.Tensor:
+    """Dense attention of ``[B, heads, dim]`` queries over gathered ``[kv_heads, B * width,
+    block_size, dim]`` keys and values, masked past each row's length."""
     batch, num_heads, head_dim = query.shape
-    num_kv_heads, _, block_size, _ = k_storage.shape
+    num_kv_heads, _, block_size, _ = keys.shape
     group = num_heads // num_kv_heads
-    span = block_tables.shape[1] * block_size
-    index = _head_major_rows(block_tables, num_kv_heads, k_storage.shape[1])
-    shape = (num_kv_heads, block_tables.numel(), block_size, head_dim)
-    keys = _gather(k_storage, index, shape, None if workspace is None else workspace[0])
-    values = _gather(v_storage, index, shape, None if workspace is None else workspace[1])
+    span = keys.shape[1] // batch * block_size
     keys = keys.view(num_kv_heads * batch, span, head_dim)
     values = values.view(num_kv_heads * batch, span, head_dim)
     # [B, kv_heads, group, dim] -> one (kv head, sequence) pair per batched product
@@ -112,6 +147,17 @@ def decode_attention(
     return out.reshape(batch, num_heads, head_dim).to(query.dtype)
 
 
+def _copy_new_tokens(keys, values, kept: KeptGather, rows: slice) -> None:
+    positions = kept.new_positions[rows]
+    new_keys, new_values = kept.key[rows], kept.value[rows]
+    keep = positions >= 0
+    if not bool(keep.all()):
+        positions, new_keys, new_values = positions[keep], new_keys[keep], new_values[keep]
+    for gathered, new in ((keys, new_keys), (values, new_values)):
+        flat = gathered.view(gathered.shape[0], -1, gathered.shape[3])
+        flat.index_copy_(1, positions, new.transpose(0, 1).to(gathered.dtype))
+
+
 def _head_major_rows(block_tables: torch.Tensor, num_kv_heads: int, num_blocks: int):
     """Row ids of every (kv head, table entry) in the storage seen as ``[heads * blocks, -1]``.
 
@@ -122,12 +168,19 @@ def _head_major_rows(block_tables: torch.Tensor, num_kv_heads: int, num_blocks: 
     return (heads + block_tables.reshape(1, -1).long()).reshape(-1)
 
 
-def _gather(storage, rows, shape, buffer) -> torch.Tensor:
+def _gather(storage, tables, buffer) -> torch.Tensor:
+    """``[kv_heads, tables.numel(), block_size, dim]``: the blocks of every table entry."""
+    rows = _head_major_rows(tables, storage.shape[0], storage.shape[1])
     flat = storage.view(storage.shape[0] * storage.shape[1], -1)
+    shape = (storage.shape[0], tables.numel(), *storage.shape[2:])
     if buffer is None:
         return flat.index_select(0, rows).view(shape)
     out = buffer[: rows.numel() * flat.shape[1]].view(rows.numel(), flat.shape[1])
     return torch.index_select(flat, 0, rows, out=out).view(shape)
+
+
+def _view(storage, tables, buffer) -> torch.Tensor:
+    return buffer.view(storage.shape[0], tables.numel(), *storage.shape[2:])
 
 
 def _decode_token_major(query, k_cache, v_cache, block_tables, seq_lens, scale) -> torch.Tensor:
