@@ -132,7 +132,11 @@ def _column(key: str, title: str, fmt: Callable[[Any], str] = _num) -> Column:
     return (key, title, fmt)
 
 
-def render_markdown(doc: dict[str, Any], command: str) -> str:
+def render_markdown(
+    doc: dict[str, Any], command: str, plots: Sequence[str] = (), notes: str = ""
+) -> str:
+    """The report; ``notes`` (a reader's analysis of this run) follow the introduction, the
+    article's claims come last, as the table the run is judged by."""
     runs: list[Run] = doc["runs"]
     settings = doc["settings"]
     base = settings["concurrencies"][0]
@@ -159,6 +163,8 @@ def render_markdown(doc: dict[str, Any], command: str) -> str:
     ]
     if doc.get("interrupted"):
         out += ["**This run was interrupted: only the runs below were measured.**", ""]
+    if notes:
+        out += [notes.strip(), ""]
     out += ["## Policies × concurrency (bursts: every request at t=0)", ""]
     for workload in ("burst-fixed", "burst-variable"):
         for n in settings["concurrencies"]:
@@ -176,10 +182,11 @@ def render_markdown(doc: dict[str, Any], command: str) -> str:
     out += _short_long_section(runs)
     out += _maintenance_section(runs)
     out += _targets_section(doc["targets"])
-    out += _claims_section(doc["claims"], command)
     out += _definitions()
     if doc["skipped"]:
         out += ["## Skipped", "", *[f"- {s}" for s in doc["skipped"]], ""]
+    out += plots
+    out += _claims_section(doc["claims"], command)
     return "\n".join(out)
 
 
@@ -434,22 +441,24 @@ def write_outputs(
 
         images = write_plots(doc, out_dir)
     report = out_dir / "report.md"
-    report.write_text(render_markdown(doc, command) + _plot_links(images, out_dir))
+    report.write_text(render_markdown(doc, command, _plot_links(images, out_dir)))
     return [results, report, *images]
 
 
-def _plot_links(images: Sequence[Path], relative_to: Path) -> str:
+def _plot_links(images: Sequence[Path], relative_to: Path) -> list[str]:
     if not images:
-        return ""
-    links = [f"![{p.stem}]({os.path.relpath(p, relative_to)})" for p in images]
-    return "\n## Plots\n\n" + "\n\n".join(links) + "\n"
+        return []
+    out = ["## Plots", ""]
+    for image in images:
+        out += [f"![{image.stem}]({os.path.relpath(image, relative_to)})", ""]
+    return out
 
 
-def render_document(results: Path, target: Path, command: str) -> None:
+def render_document(results: Path, target: Path, command: str, notes: str = "") -> None:
     """Re-render a saved run's markdown (docs/benchmarks.md, say), plots linked relatively."""
     doc = json.loads(results.read_text())
     images = sorted(results.parent.glob("*.png"))
-    target.write_text(render_markdown(doc, command) + _plot_links(images, target.parent))
+    target.write_text(render_markdown(doc, command, _plot_links(images, target.parent), notes))
 
 
 if __name__ == "__main__":
@@ -459,8 +468,10 @@ if __name__ == "__main__":
     parser.add_argument("results", type=Path)
     parser.add_argument("target", type=Path, help="e.g. docs/benchmarks.md")
     parser.add_argument("--command", help="the command that made the results (default: saved)")
+    parser.add_argument("--notes", type=Path, help="markdown to put after the introduction")
     args = parser.parse_args()
     saved = json.loads(args.results.read_text())
     command = args.command or saved.get("command") or f"servedeck bench --preset {saved['preset']}"
-    render_document(args.results, args.target, command)
+    notes = args.notes.read_text() if args.notes else ""
+    render_document(args.results, args.target, command, notes)
     print(args.target)
