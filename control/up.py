@@ -66,7 +66,15 @@ def _console_available() -> bool:
         return False
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def up(settings: Settings, args: argparse.Namespace, console: bool = True) -> int:
+    # Ctrl-C and SIGTERM stop both, even where SIGINT came in ignored (a background job of a
+    # non-interactive shell starts that way).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
     token = resolve_admin_token(settings)
     env = {**os.environ, "SERVEDECK_ADMIN_TOKEN": token}  # not on the command line (ps)
     with_console = console and _console_available()
