@@ -196,6 +196,12 @@ class BlockManager:
             raise ValueError(f"sequence {seq_id!r} already holds blocks")
         if hits is None:
             hits = self.match_prefix(token_ids)
+        needed = self.blocks_to_admit(hits, num_tokens)
+        if needed > self.num_free + self.num_cached:
+            raise ValueError(
+                f"sequence {seq_id!r} needs {needed} blocks, "
+                f"{self.num_free + self.num_cached} are not in use"
+            )
         table: list[int] = []
         for block in hits:
             self._share(block)

@@ -179,7 +179,7 @@ def test_reclaim_frees_unreferenced_orphans():
 @pytest.mark.parametrize("block_size", [16, 32, 64])
 @given(lengths=st.lists(st.integers(1, 200), min_size=1, max_size=6))
 def test_utilization_counts_stored_tokens_over_held_slots(block_size: int, lengths: list[int]):
-    bm = BlockManager(64, block_size, memory_reserve=0.0)
+    bm = BlockManager(6 * -(-200 // 16), block_size, memory_reserve=0.0)  # room for any draw
     for i, n in enumerate(lengths):
         tokens = list(range(i * 1000, i * 1000 + n))
         bm.allocate(f"s{i}", tokens, n)
@@ -189,3 +189,13 @@ def test_utilization_counts_stored_tokens_over_held_slots(block_size: int, lengt
     assert stats.live_tokens == sum(lengths)
     assert stats.held_slots == sum(-(-n // block_size) for n in lengths) * block_size
     assert stats.utilization == pytest.approx(stats.live_tokens / stats.held_slots)
+
+
+def test_allocating_past_the_pool_is_refused_and_changes_nothing():
+    bm = BlockManager(4, 16, memory_reserve=0.0)
+    bm.allocate("a", list(range(40)), 40)
+    before = bm.stats()
+    with pytest.raises(ValueError, match="needs 2 blocks, 1 are not in use"):
+        bm.allocate("b", list(range(100, 120)), 20)
+    assert bm.stats() == before and "b" not in bm.tables
+    bm.check_integrity()
