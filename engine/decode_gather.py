@@ -6,7 +6,8 @@ with the same rows in the same bucket layout those copies differ only by the tok
 writes, so each layer keeps its own buffers and the next step copies in just its new tokens.
 A row's table may grow by the block its new token opens: the rest of that block lies past the
 row's length, masked. Anything else (a row joins, leaves or moves, a bucket widens, a block is
-copied on write, a step is skipped) gathers afresh.
+copied on write, a step is skipped) gathers afresh. When per-layer buffers would take more
+bytes than the budget, every layer shares one pair and gathers each step.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ class _Gathered:
     tables: list[list[int]]
 
 
+Buffers = dict[int, tuple[torch.Tensor, torch.Tensor]]
+
+
 class DecodeGatherCache:
     def __init__(self, kv_caches: list[torch.Tensor], block_size: int, budget_bytes: int) -> None:
         self.kv_caches = kv_caches
@@ -33,8 +37,9 @@ class DecodeGatherCache:
         self.budget_bytes = budget_bytes
         self.kept_steps = 0
         self.gathered_steps = 0
-        self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._buffers: Buffers = {}
         self._capacity = 0
+        self._per_layer = False
         self._last: _Gathered | None = None
 
     def plan(
@@ -45,29 +50,27 @@ class DecodeGatherCache:
         layout: Layout,
         new_positions: list[int],
         copies_blocks: bool,
-    ) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]] | None, torch.Tensor | None]:
+    ) -> tuple[Buffers, torch.Tensor | None]:
         """Each layer's buffers (by K cache ``data_ptr()``) and, when last step's gather still
-        holds, every row's new token inside its bucket's gathered keys (-1: writes nothing).
-        ``(None, None)`` when the buffers would not fit the budget: share one workspace."""
+        holds, every row's new token inside its bucket's gathered keys (-1: writes nothing)."""
         cache = self.kv_caches[0]
         per_block = cache.shape[2] * cache.shape[3] * cache.shape[4]
         needed = sum((end - start) * width for start, end, width in layout) * per_block
-        if 2 * len(self.kv_caches) * needed * cache.element_size() > self.budget_bytes:
-            self._drop()
-            return None, None
-        if needed > self._capacity:
-            self._allocate(needed, self.budget_bytes // (2 * len(self.kv_caches)))
+        per_layer = 2 * len(self.kv_caches) * needed * cache.element_size() <= self.budget_bytes
+        if needed > self._capacity or per_layer != self._per_layer:
+            self._allocate(needed, per_layer)
         kept = None
         last = self._last
         if (
-            last is not None
+            per_layer
+            and last is not None
             and last.step == step - 1
             and not copies_blocks
             and last.seq_ids == seq_ids
             and last.layout == layout
         ):
             kept = self._kept_positions(last.tables, tables, layout, new_positions)
-        self._last = _Gathered(step, seq_ids, layout, tables)
+        self._last = _Gathered(step, seq_ids, layout, tables) if per_layer else None
         if kept is None:
             self.gathered_steps += 1
             return self._buffers, None
@@ -90,17 +93,21 @@ class DecodeGatherCache:
                 kept.append(-1 if position < 0 else (row - start) * width * size + position)
         return kept
 
-    def _allocate(self, needed: int, most_bytes: int) -> None:
-        self._drop()
+    def _allocate(self, needed: int, per_layer: bool) -> None:
+        """A quarter of headroom, so a slowly growing batch does not reallocate every step;
+        per-layer buffers never past the budget."""
         cache = self.kv_caches[0]
-        self._capacity = min(needed + needed // 4, most_bytes // cache.element_size())
-        for cache in self.kv_caches:
-            self._buffers[cache[0].data_ptr()] = (
-                torch.empty(self._capacity, dtype=cache.dtype, device=cache.device),
-                torch.empty(self._capacity, dtype=cache.dtype, device=cache.device),
-            )
-
-    def _drop(self) -> None:
+        capacity = needed + needed // 4
+        if per_layer:
+            most = self.budget_bytes // (2 * len(self.kv_caches) * cache.element_size())
+            capacity = min(capacity, most)
         self._buffers.clear()
-        self._capacity = 0
-        self._last = None
+        self._capacity, self._per_layer, self._last = capacity, per_layer, None
+        shared = None
+        for layer in self.kv_caches:
+            if shared is None or per_layer:
+                shared = (
+                    torch.empty(capacity, dtype=layer.dtype, device=layer.device),
+                    torch.empty(capacity, dtype=layer.dtype, device=layer.device),
+                )
+            self._buffers[layer[0].data_ptr()] = shared

@@ -45,12 +45,11 @@ class ModelRunner:
         self.pad_token_id = pad_token_id
         self.device = kv_caches[0].device
         self.last_forward_s = 0.0
-        self._workspace: tuple[torch.Tensor, torch.Tensor] | None = None
         self._step = 0
         self.decode_gathers = DecodeGatherCache(
             kv_caches, block_size, sum(c.numel() * c.element_size() for c in kv_caches)
         )
-        """Per-layer decode buffers kept across steps; at most as many bytes as the pool."""
+        """Decode gather buffers; kept per layer across steps up to as many bytes as the pool."""
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> list[int]:
@@ -139,7 +138,7 @@ class ModelRunner:
                 sample_rows.append(sample_index[id(entry)])
                 sample_seqs.append(entry.seq)
         buckets = _length_buckets([len(t) for t in decode_tables])
-        workspace, layer_workspaces, kept_positions = self._decode_buffers(
+        layer_workspaces, kept_positions = self._decode_buffers(
             batch, decodes, decode_tables, buckets, new_positions
         )
         meta = AttentionMetadata(
@@ -160,7 +159,6 @@ class ModelRunner:
                 (b - a for a, b in itertools.pairwise(query_start)), default=0
             ),
             backend=self.backend,
-            workspace=workspace,
             layer_workspaces=layer_workspaces,
             kept_positions=kept_positions,
             decode_buckets=buckets,
@@ -175,12 +173,12 @@ class ModelRunner:
         return torch.tensor(rows, dtype=torch.int32, device=self.device).view(len(tables), width)
 
     def _decode_buffers(self, batch, decodes, tables, buckets, new_positions):
-        """Where the torch decode path gathers: per-layer buffers kept across steps when they
-        fit (engine.decode_gather), else one shared workspace (see kernels.reference)."""
+        """Where the torch decode path gathers each layer's blocks, and whether last step's
+        gather still holds (engine.decode_gather)."""
         if self.backend != "torch" or not tables:
-            return None, None, None
+            return None, None
         layout = buckets or [(0, len(tables), max(len(t) for t in tables))]
-        layer_workspaces, kept = self.decode_gathers.plan(
+        return self.decode_gathers.plan(
             self._step,
             [entry.seq.seq_id for entry in decodes],
             tables,
@@ -188,21 +186,6 @@ class ModelRunner:
             new_positions,
             bool(batch.block_copies),
         )
-        if layer_workspaces is not None:
-            return None, layer_workspaces, kept
-        return self._shared_workspace(tables), None, None
-
-    def _shared_workspace(self, tables: list[list[int]]):
-        cache = self.kv_caches[0]
-        per_block = cache.shape[2] * cache.shape[3] * cache.shape[4]
-        needed = len(tables) * max(len(t) for t in tables) * per_block
-        if self._workspace is None or self._workspace[0].numel() < needed:
-            capacity = 1 << (needed - 1).bit_length()
-            self._workspace = (
-                torch.empty(capacity, dtype=cache.dtype, device=self.device),
-                torch.empty(capacity, dtype=cache.dtype, device=self.device),
-            )
-        return self._workspace
 
 
 def _length_buckets(widths: list[int]) -> list[tuple[int, int, int]] | None:

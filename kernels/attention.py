@@ -56,11 +56,9 @@ class AttentionMetadata:
     prefill_query_start_loc_tensor: torch.Tensor
     max_prefill_query_len: int
     backend: Backend = "torch"
-    workspace: tuple[torch.Tensor, torch.Tensor] | None = None
-    """Flat buffers every layer gathers its decode blocks into (torch backend)."""
     layer_workspaces: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
-    """Instead of ``workspace``: one pair per layer, by the K cache's ``data_ptr()``, kept
-    across steps so that ``kept_positions`` can skip the gather."""
+    """Flat buffers each layer gathers its decode blocks into, by the K cache's
+    ``data_ptr()`` (torch backend); layers may share one pair."""
     kept_positions: torch.Tensor | None = None
     """Set when each layer's buffers still hold last step's gather (reference.KeptGather)."""
     decode_buckets: list[tuple[int, int, int]] | None = None
@@ -105,7 +103,7 @@ def _decode(query, key, value, k_cache, v_cache, meta: AttentionMetadata, scale:
         return ops.paged_decode_attention(
             query, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale
         )
-    workspace = meta.workspace
+    workspace = None
     if meta.layer_workspaces is not None:
         workspace = meta.layer_workspaces[k_cache.data_ptr()]
     kept = None

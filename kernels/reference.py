@@ -102,17 +102,18 @@ def decode_attention(
         rows = slice(start, end)
         tables = block_tables[rows, :width]
         if workspace is None:
-            keys = _gather(k_storage, tables, None)
-            values = _gather(v_storage, tables, None)
+            index = _head_major_rows(tables, k_storage.shape[0], k_storage.shape[1])
+            keys, values = _gather(k_storage, index, None), _gather(v_storage, index, None)
         else:
             size = k_storage.shape[0] * tables.numel() * k_storage[0, 0].numel()
             k_buf = workspace[0][offset : offset + size]
             v_buf = workspace[1][offset : offset + size]
             offset += size
             if kept is None:
-                keys, values = _gather(k_storage, tables, k_buf), _gather(v_storage, tables, v_buf)
+                index = _head_major_rows(tables, k_storage.shape[0], k_storage.shape[1])
+                keys, values = _gather(k_storage, index, k_buf), _gather(v_storage, index, v_buf)
             else:
-                keys, values = _view(k_storage, tables, k_buf), _view(v_storage, tables, v_buf)
+                keys, values = _view(k_storage, k_buf), _view(v_storage, v_buf)
                 _copy_new_tokens(keys, values, kept, rows)
         result = _attend(query[rows], keys, values, seq_lens[rows], scale)
         if out is None:
@@ -168,19 +169,17 @@ def _head_major_rows(block_tables: torch.Tensor, num_kv_heads: int, num_blocks: 
     return (heads + block_tables.reshape(1, -1).long()).reshape(-1)
 
 
-def _gather(storage, tables, buffer) -> torch.Tensor:
-    """``[kv_heads, tables.numel(), block_size, dim]``: the blocks of every table entry."""
-    rows = _head_major_rows(tables, storage.shape[0], storage.shape[1])
+def _gather(storage, rows, buffer) -> torch.Tensor:
+    """``[kv_heads, entries, block_size, dim]``: the blocks at ``_head_major_rows``."""
     flat = storage.view(storage.shape[0] * storage.shape[1], -1)
-    shape = (storage.shape[0], tables.numel(), *storage.shape[2:])
     if buffer is None:
-        return flat.index_select(0, rows).view(shape)
+        return _view(storage, flat.index_select(0, rows))
     out = buffer[: rows.numel() * flat.shape[1]].view(rows.numel(), flat.shape[1])
-    return torch.index_select(flat, 0, rows, out=out).view(shape)
+    return _view(storage, torch.index_select(flat, 0, rows, out=out))
 
 
-def _view(storage, tables, buffer) -> torch.Tensor:
-    return buffer.view(storage.shape[0], tables.numel(), *storage.shape[2:])
+def _view(storage, gathered) -> torch.Tensor:
+    return gathered.view(storage.shape[0], -1, *storage.shape[2:])
 
 
 def _decode_token_major(query, k_cache, v_cache, block_tables, seq_lens, scale) -> torch.Tensor:
