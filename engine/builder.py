@@ -2,7 +2,9 @@
 
 Loading the weights (``load_bundle``) and building a runner around them (``build_runner``)
 are separate, so one loaded model can serve several engines (the benchmark gives every run a
-fresh engine and KV pool around the same weights).
+fresh engine and KV pool around the same weights). ``load_bundle`` can also build a
+checkpoint preset's model from seeded random weights made on the device, with no file read or
+written (``RandomWeights``): the GPU check runs a llama3-8b-shaped engine that way.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
+from engine.checkpoint import BOS, EOS, PRESETS, build_tokenizer, hf_config
+from engine.checkpoint import random_weights as preset_weights
 from engine.config import CPU_KV_CACHE_BYTES, EngineConfig, EngineLimits
 from engine.host_memory import retain_freed_memory
 from engine.kv_cache import allocate_kv_cache, kv_bytes_per_block
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
-from engine.model.loader import load_model
+from engine.model.loader import build_model, load_model
 from engine.runner import ModelRunner
 from engine.sampler import Sampler
 from kernels.attention import resolve_backend
@@ -56,14 +60,50 @@ def eos_token_ids(path: Path, model_config: ModelConfig) -> tuple[int, ...]:
     return model_config.eos_token_ids
 
 
-def load_bundle(config: EngineConfig) -> ModelBundle:
-    path = Path(config.model)
+@dataclass(frozen=True, slots=True)
+class RandomWeights:
+    """A checkpoint preset (``engine.checkpoint.PRESETS``) built with seeded random weights.
+
+    The weights are made tensor by tensor on the engine's device, so no file is read or
+    written and an 8B-shaped model never exists twice. They are deterministic for a seed on one
+    device type; on the CPU they equal the checkpoint ``servedeck init-model DIR --preset P
+    --seed S`` writes (same draws, same dtype), and the tokenizer is the same one, built in
+    memory."""
+
+    preset: str
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            choices = ", ".join(PRESETS)
+            raise ValueError(f"unknown preset {self.preset!r}; choose one of {choices}")
+
+
+def load_bundle(config: EngineConfig, random_weights: RandomWeights | None = None) -> ModelBundle:
+    """Load the checkpoint folder ``config.model``; with ``random_weights``, build that preset
+    instead (``config.model`` is then only a label) in ``config.dtype`` on ``config.device``."""
+    device = torch.device(config.device)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    if config.retain_freed_host_memory and torch.device(config.device).type == "cpu":
+    if config.retain_freed_host_memory and device.type == "cpu":
         retain_freed_memory()
-    model = load_model(path, getattr(torch, config.dtype), torch.device(config.device))
+    dtype = getattr(torch, config.dtype)
+    if random_weights is not None:
+        return _random_bundle(random_weights, dtype, device)
+    path = Path(config.model)
+    model = load_model(path, dtype, device)
     return ModelBundle(model, load_tokenizer(path), eos_token_ids(path, model.config))
+
+
+def _random_bundle(spec: RandomWeights, dtype: torch.dtype, device: torch.device) -> ModelBundle:
+    preset = PRESETS[spec.preset]
+    tokenizer = build_tokenizer(preset.tokenizer_vocab)
+    bos, eos = tokenizer.token_to_id(BOS), tokenizer.token_to_id(EOS)
+    model_config = ModelConfig.from_dict(hf_config(preset, bos, eos))
+    # Drawn in the preset's dtype, as init-model stores them, then cast like a loaded file.
+    tensors = preset_weights(preset, spec.seed, getattr(torch, preset.dtype), device)
+    model = build_model(model_config, tensors, dtype, device)
+    return ModelBundle(model, tokenizer, model_config.eos_token_ids)
 
 
 def build_runner(bundle: ModelBundle, config: EngineConfig) -> tuple[ModelRunner, EngineLimits]:

@@ -34,9 +34,19 @@ def iter_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
     path = Path(path)
-    config = ModelConfig.from_dir(path)
+    return build_model(ModelConfig.from_dir(path), iter_tensors(path), dtype, device)
+
+
+def build_model(
+    config: ModelConfig,
+    tensors: Iterator[tuple[str, torch.Tensor]],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> LlamaForCausalLM:
+    """The decoder for ``config`` with its weights copied in from HF-named ``tensors`` (read
+    from files by ``load_model``, or made in memory: ``engine.builder.RandomWeights``)."""
     model = LlamaForCausalLM(config, dtype, device)
-    load_weights(model, iter_tensors(path))
+    load_weights(model, tensors)
     return model.eval()
 
 
