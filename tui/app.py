@@ -14,14 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from textual.app import App, ComposeResult
-from textual.binding import BindingsMap
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.timer import Timer
 from textual.widgets import Footer, Input
 
+from tui.bindings import RegistryBindings
 from tui.client import ApiError, ClientError, ConsoleClient, HttpClient
-from tui.commands import COMMANDS, RegistryCommands, bindings_for, mutating_actions
+from tui.commands import COMMANDS, RegistryCommands
 from tui.config import ConsoleSettings
 from tui.models import AdminState, JobsView
 from tui.screens.base import ConsoleScreen
@@ -181,10 +181,14 @@ class MainScreen(ConsoleScreen):
         self.console.poll()
 
 
-class ConsoleApp(App[None]):
+class ConsoleApp(RegistryBindings, App[None], inherit_bindings=False):
+    """The app's keys are the registry's "app" scope alone: Textual's defaults (ctrl+q quit,
+    ctrl+c hint) would reorder the footer and add keys no help line lists."""
+
     CSS_PATH = "console.tcss"
     TITLE = "servedeck console"
     COMMANDS = {RegistryCommands}  # noqa: RUF012 (Textual's declared type)
+    COMMAND_SCOPE = "app"
 
     paused: reactive[bool] = reactive(False, init=False)
     refresh_s: reactive[float] = reactive(1.0, init=False)
@@ -199,9 +203,6 @@ class ConsoleApp(App[None]):
         self.settings = settings or ConsoleSettings()
         self.read_only = self.settings.read_only or bool(client is not None and client.read_only)
         super().__init__()
-        # Built per instance from the registry: read-only mode must not even bind a key
-        # that changes the server.
-        self._bindings = BindingsMap(bindings_for("app", self.read_only))
         self._owns_client = client is None
         self.client: ConsoleClient = client or HttpClient(
             self.settings.url,
@@ -234,9 +235,6 @@ class ConsoleApp(App[None]):
         self._disarm()
         if self._owns_client:
             await self.client.aclose()
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return not (self.read_only and action in mutating_actions())
 
     # -- polling ------------------------------------------------------------------------
 

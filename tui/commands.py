@@ -2,7 +2,8 @@
 
 Bindings, the help screen and the command palette are all built from ``COMMANDS``, so they
 cannot disagree. A command that changes the server is marked ``mutates``: in read-only mode
-it gets no binding, no help line and no palette entry.
+its key does nothing and is not shown (``action_enabled``, used by every screen's
+``check_action``), and it gets no help line and no palette entry.
 """
 
 from __future__ import annotations
@@ -171,7 +172,11 @@ def commands_for(scope: Scope, read_only: bool) -> list[Command]:
     return [c for c in COMMANDS if c.scope == scope and not (read_only and c.mutates)]
 
 
-def bindings_for(scope: Scope, read_only: bool) -> list[Binding]:
+def bindings_for(scope: Scope) -> list[Binding]:
+    """The ``BINDINGS`` of the screen (or app) for ``scope``: every command of the scope.
+
+    Read-only mode is known only per instance, so it does not drop bindings here; it
+    disables them through ``check_action`` (see ``action_enabled``)."""
     return [
         Binding(
             c.keys,
@@ -183,12 +188,27 @@ def bindings_for(scope: Scope, read_only: bool) -> list[Binding]:
             tooltip=c.help,
             id=c.id,
         )
-        for c in commands_for(scope, read_only)
+        for c in COMMANDS
+        if c.scope == scope
     ]
 
 
 def mutating_actions() -> frozenset[str]:
     return frozenset(c.action for c in COMMANDS if c.mutates)
+
+
+def action_enabled(scope: Scope, action: str, read_only: bool) -> bool:
+    """Whether ``action`` may run on the screen (or app) of ``scope``.
+
+    Read-only mode takes away every action that changes the server, and every action of a
+    screen that only a changing command opens: exactly what ``commands_for`` leaves out.
+    Actions the registry does not know (Textual's own, such as focus moves) stay on."""
+    if not read_only:
+        return True
+    if action in mutating_actions():
+        return False
+    scoped = {c.action for c in COMMANDS if c.scope == scope}
+    return action not in scoped or action in {c.action for c in commands_for(scope, read_only)}
 
 
 class RegistryCommands(Provider):

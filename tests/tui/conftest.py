@@ -41,6 +41,16 @@ def quiet_settings(**overrides: object) -> ConsoleSettings:
     return ConsoleSettings(**values)  # type: ignore[arg-type]
 
 
+def active_actions(app: ConsoleApp, namespace: object | None = None) -> set[str]:
+    """Actions whose keys work now and show in the footer (Textual's public
+    ``Screen.active_bindings``), optionally only those bound on ``namespace``."""
+    return {
+        active.binding.action
+        for active in app.screen.active_bindings.values()
+        if namespace is None or active.node is namespace
+    }
+
+
 async def poll_times(pilot: Pilot, app: ConsoleApp, count: int) -> None:
     """Let the app finish exactly ``count`` successful polls (the first one starts by itself)."""
     await wait_for(pilot, lambda: app.polls_ok >= 1, what="first poll")
