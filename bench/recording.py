@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.batch import ScheduledBatch
+from engine.batch import ScheduledBatch, StepResult
 from engine.runner import Runner
 
 
@@ -54,7 +54,7 @@ class RecordingRunner:
     def device(self) -> Any:
         return getattr(self.inner, "device", None)
 
-    def execute(self, batch: ScheduledBatch) -> list[int]:
+    def execute(self, batch: ScheduledBatch) -> StepResult:
         started = time.perf_counter()
         counts = StepTokens()
         for entry in batch.entries:

@@ -25,6 +25,7 @@ from engine.builder import load_bundle
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.errors import QueueFull, RequestRejected
+from engine.faults import leak_sequence
 from engine.kv_cache import ReclaimResult
 from engine.outputs import RequestMetrics
 from engine.sampling_params import SamplingParams
@@ -262,7 +263,7 @@ def drive(
                 in_flight -= 1
                 advance(1)
             elif index in to_leak and len(out.token_ids) * 2 >= workload.requests[index].max_tokens:
-                engine.leak_sequence(out.request_id).result()
+                leak_sequence(engine, out.request_id).result()
                 to_leak.discard(index)
                 leaked.add(out.request_id)
                 trace.leaked += 1

@@ -5,8 +5,12 @@ The thread steps while there is work (requests or commands) and otherwise sleeps
 ``engine.wakeup``, which ``add_request`` and every command set. Each step's outputs are handed
 to the waiting streams with ``loop.call_soon_threadsafe``. A stream whose consumer goes away
 (cancelled while waiting, or closed before the end) aborts its request, which frees its KV
-blocks at the next step boundary. An exception from ``step()`` fails every open stream and
-is logged; the loop keeps serving.
+blocks at the next step boundary. A request whose own row failed (``finish_reason="error"``)
+gets ``RequestFailed`` on its stream alone; an exception from ``step()`` (a failing forward)
+fails every open stream and is logged; the loop keeps serving either way.
+
+``loop_health()`` is the stall watchdog's view of the loop: whether it has work and how long
+since it last came round, with the step in progress.
 """
 
 from __future__ import annotations
@@ -15,11 +19,16 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
+from engine import faults
+from engine.batch import StepInfo
 from engine.engine import LLMEngine, Prompt
 from engine.errors import RequestRejected
 from engine.outputs import RequestOutput
@@ -36,8 +45,37 @@ class EngineStepError(RuntimeError):
     """The engine failed while running this request; the request was aborted."""
 
 
+class RequestFailed(EngineStepError):
+    """This request alone failed in a step (its sampling row); its neighbours kept running."""
+
+    def __init__(self, request_id: str, message: str) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+
+
 class EngineStopped(RuntimeError):
     """The engine shut down before this request finished."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoopHealth:
+    """A snapshot of the engine loop for the stall watchdog.
+
+    ``seconds_since_progress`` counts from the last time the loop came round (a step or a
+    command finished, or an idle wait ended); it grows without bound only while a step or a
+    command hangs. ``step`` is the number of steps run so far; ``current_step`` describes the
+    batch in flight (None between steps, e.g. while a command runs)."""
+
+    alive: bool
+    busy: bool
+    seconds_since_progress: float
+    step: int
+    current_step: StepInfo | None
+
+    def describe(self) -> str:
+        if self.current_step is not None:
+            return self.current_step.describe()
+        return f"between steps (after step {self.step})"
 
 
 class RequestStream:
@@ -99,6 +137,7 @@ class AsyncEngine:
         self._streams: dict[str, RequestStream] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._last_progress = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="servedeck-engine", daemon=True)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -117,6 +156,17 @@ class AsyncEngine:
     @property
     def is_running(self) -> bool:
         return self._thread.is_alive() and not self._stopping.is_set()
+
+    def loop_health(self) -> LoopHealth:
+        """Cheap and lock-free: safe to call from any thread at any time."""
+        engine = self.engine
+        return LoopHealth(
+            alive=self.is_running,
+            busy=engine.has_unfinished_requests() or engine.has_pending_commands(),
+            seconds_since_progress=time.monotonic() - self._last_progress,
+            step=engine.stats.num_steps,
+            current_step=engine.current_step,
+        )
 
     # -- requests --------------------------------------------------------------------------
 
@@ -147,11 +197,16 @@ class AsyncEngine:
         return stream
 
     def leak(self, request_id: str, timeout: float = 30.0) -> bool:
-        """Test hook: drop a request but keep its blocks (what the reclaim sweep must fix).
-        Its stream ends with an error since no more outputs will come."""
-        leaked = self.engine.leak_sequence(request_id).result(timeout)
+        """Test only (engine.faults): drop a request but keep its blocks (what the reclaim
+        sweep must fix). Its stream ends with an error since no more outputs will come."""
+        leaked = faults.leak_sequence(self.engine, request_id).result(timeout)
         self._fail(request_id, EngineStepError("the request was dropped by the test-only leak"))
         return leaked
+
+    def stall(self, seconds: float) -> Future[float]:
+        """Test only (engine.faults): the next step with requests in flight blocks the loop
+        for ``seconds``. Resolves once the stall is over."""
+        return faults.stall(self.engine, seconds)
 
     def _abort(self, request_id: str) -> None:
         with self._lock:
@@ -167,6 +222,7 @@ class AsyncEngine:
         engine = self.engine
         engine.bind_to_current_thread()
         while not self._stopping.is_set():
+            self._last_progress = time.monotonic()
             if not (engine.has_unfinished_requests() or engine.has_pending_commands()):
                 self._sleep(self._idle_wait_s)
                 continue
@@ -198,7 +254,13 @@ class AsyncEngine:
                     stream = self._streams.pop(output.request_id, None)
                 else:
                     stream = self._streams.get(output.request_id)
-                if stream is not None:
+                if stream is None:
+                    continue
+                if output.finish_reason == "error":
+                    log.warning("request %s failed: %s", output.request_id, output.error)
+                    failure = RequestFailed(output.request_id, output.error or "request failed")
+                    deliveries[stream._loop].append((stream, failure))
+                else:
                     deliveries[stream._loop].append((stream, output))
         for output in outputs:
             if output.finished and self._on_finished is not None:

@@ -1,4 +1,5 @@
-"""What a policy hands the runner each step, and the accounting every policy fills alike."""
+"""What a policy hands the runner each step, what the runner hands back (``StepResult``), and
+the accounting every policy fills alike."""
 
 from __future__ import annotations
 
@@ -75,3 +76,43 @@ class ScheduledBatch:
     @property
     def num_computed_tokens(self) -> int:
         return sum(e.num_new_tokens + e.num_pad_tokens for e in self.entries)
+
+
+FAILED_TOKEN = -1
+"""The placeholder in ``StepResult.token_ids`` for a row whose sampling failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What ``Runner.execute`` returns: one token id per entry whose ``sample`` is set, in batch
+    order, and the rows that failed (``seq_id -> error message``; their token is
+    ``FAILED_TOKEN``). A failed row ends only its own request; the others are committed."""
+
+    token_ids: list[int]
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """A short description of the step in progress (for the stall watchdog and its log)."""
+
+    number: int
+    num_seqs: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    request_ids: tuple[str, ...] = ()
+
+    MAX_IDS = 5
+
+    @classmethod
+    def of(cls, number: int, batch: ScheduledBatch) -> StepInfo:
+        ids = tuple(e.seq.seq_id for e in batch.entries[: cls.MAX_IDS])
+        return cls(number, batch.num_seqs, batch.num_prefill_tokens, batch.num_decode_tokens, ids)
+
+    def describe(self) -> str:
+        more = self.num_seqs - len(self.request_ids)
+        ids = ", ".join(self.request_ids) + (f" and {more} more" if more > 0 else "")
+        return (
+            f"step {self.number}: {self.num_seqs} sequences, {self.prefill_tokens} prefill + "
+            f"{self.decode_tokens} decode tokens" + (f" ({ids})" if ids else "")
+        )

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from tokenizers import Tokenizer
 
-from engine.batch import ScheduledBatch
+from engine.batch import ScheduledBatch, StepInfo, StepResult
 from engine.config import EngineConfig, EngineLimits
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import QueueFull, RequestRejected
@@ -65,7 +65,7 @@ class LLMEngine:
             config.enable_prefix_caching,
         )
         self.policy_spec = as_spec(policy or config.policy)
-        self.policy: SchedulingPolicy = make_policy(self.policy_spec, limits, self.blocks)
+        self.policy: SchedulingPolicy = make_policy(self.policy_spec, limits, self.blocks, clock)
         self.stats = EngineStats()
         self.started_at = clock()
         self.wakeup = threading.Event()
@@ -76,6 +76,8 @@ class LLMEngine:
         self._pending_outputs: list[RequestOutput] = []
         self._owner = threading.get_ident()
         self._in_step = False
+        self.current_step: StepInfo | None = None
+        """The step whose batch is running now (None between steps); read by the watchdog."""
 
     @classmethod
     def from_config(
@@ -121,7 +123,7 @@ class LLMEngine:
         """Validate and queue a request (thread-safe); it joins the policy at the next step."""
         params = params or SamplingParams()
         token_ids = self.tokenize(prompt)
-        self._check_prompt(token_ids)
+        self.check_request(token_ids, params)
         if self.num_waiting >= self.config.max_waiting:
             raise QueueFull(f"waiting queue is full (max_waiting={self.config.max_waiting})")
         request_id = request_id or uuid.uuid4().hex
@@ -141,7 +143,8 @@ class LLMEngine:
         self.wakeup.set()
         return request_id
 
-    def _check_prompt(self, token_ids: list[int]) -> None:
+    def check_request(self, token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ``RequestRejected`` (naming the field) for a request that can never be served."""
         if not token_ids:
             raise RequestRejected("prompt is empty", "prompt")
         if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in token_ids):
@@ -160,6 +163,13 @@ class LLMEngine:
                 f"{admissible * self.limits.block_size} ({admissible} blocks of "
                 f"{self.limits.block_size} above the memory reserve)",
                 "prompt",
+            )
+        if len(token_ids) + params.max_tokens > max_len:
+            raise RequestRejected(
+                f"max_tokens={params.max_tokens} with a prompt of {len(token_ids)} tokens asks "
+                f"for {len(token_ids) + params.max_tokens} tokens; max_model_len is {max_len} "
+                "(reduce the prompt or max_tokens)",
+                "max_tokens",
             )
 
     def abort(self, request_id: str) -> Future[bool]:
@@ -188,23 +198,27 @@ class LLMEngine:
             for entry in batch.entries:
                 if entry.seq.first_scheduled_time is None:
                     entry.seq.first_scheduled_time = now
+            self.current_step = StepInfo.of(self.stats.num_steps + 1, batch)
             try:
-                tokens = self.runner.execute(batch)
+                result = self.runner.execute(batch)
             except BaseException:
                 self.blocks.rollback()
                 raise
             self.blocks.confirm()
-            outputs.extend(self._postprocess(batch, tokens))
-            self._record(batch, started, len(tokens))
+            outputs.extend(self._postprocess(batch, result))
+            self._record(batch, started, len(result.token_ids) - len(result.failed))
             return outputs
         finally:
             self._in_step = False
+            self.current_step = None
 
-    def _postprocess(self, batch: ScheduledBatch, tokens: list[int]) -> list[RequestOutput]:
+    def _postprocess(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
+        """Commit the step's tokens; a row in ``result.failed`` ends only its own request."""
         now = self.clock()
-        sampled = iter(tokens)
+        sampled = iter(result.token_ids)
         outputs: list[RequestOutput] = []
         finished: list[Sequence] = []
+        failed: list[Sequence] = []
         for entry in batch.entries:
             seq = entry.seq
             if entry.num_new_tokens:
@@ -214,6 +228,9 @@ class LLMEngine:
             if not entry.sample:
                 continue
             token = next(sampled)
+            if seq.seq_id in result.failed:
+                failed.append(seq)
+                continue
             seq.append_token(token, now)
             self._check_stop(seq, token, now)
             if seq.is_finished:
@@ -221,8 +238,12 @@ class LLMEngine:
             outputs.append(self._output(seq, [token]))
         kv = self.blocks.stats()  # after the step's writes, before finished requests leave
         batch.kv_held_slots, batch.kv_live_tokens = kv.held_slots, kv.live_tokens
+        for seq in failed:
+            self.policy.abort(seq.seq_id)  # frees its blocks
+            seq.finish("error", now)
+            outputs.append(self._output(seq, [], error=result.failed[seq.seq_id]))
         self.policy.on_step_done(batch, finished)
-        for seq in finished:
+        for seq in finished + failed:
             self._sequences.pop(seq.seq_id, None)
             self.stats.record_finish(RequestMetrics.of(seq), seq.num_output_tokens)
         return outputs
@@ -242,7 +263,9 @@ class LLMEngine:
         ):
             seq.finish("length", now)
 
-    def _output(self, seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
+    def _output(
+        self, seq: Sequence, new_token_ids: list[int], error: str | None = None
+    ) -> RequestOutput:
         detok = seq.detokenizer
         delta = detok.take_delta(seq.is_finished) if detok else ""
         return RequestOutput(
@@ -255,6 +278,7 @@ class LLMEngine:
             finish_reason=seq.finish_reason,
             metrics=RequestMetrics.of(seq),
             stop_reason=seq.stop_reason,
+            error=error,
         )
 
     def _record(self, batch: ScheduledBatch, started: float, generated: int) -> None:
@@ -325,7 +349,7 @@ class LLMEngine:
     def set_policy(self, spec: PolicySpec | str | dict[str, Any]) -> Future[PolicySpec]:
         """Validate now (raises pydantic's ValidationError); switch at the next boundary."""
         spec = as_spec(spec)
-        new_policy = make_policy(spec, self.limits, self.blocks)
+        new_policy = make_policy(spec, self.limits, self.blocks, self.clock)
 
         def switch() -> PolicySpec:
             new_policy.adopt(self.policy.handover())
@@ -356,21 +380,6 @@ class LLMEngine:
             return result
 
         return self._submit(sweep)
-
-    def leak_sequence(self, request_id: str) -> Future[bool]:
-        """Test hook: drop a request but keep its blocks allocated (what reclaim must fix)."""
-
-        def leak() -> bool:
-            table = self.blocks.tables.pop(request_id, None)
-            chain = self.blocks.chains.pop(request_id, None)
-            seq = self.policy.abort(request_id)
-            self._sequences.pop(request_id, None)
-            if table is not None and chain is not None:
-                self.blocks.tables[request_id] = table
-                self.blocks.chains[request_id] = chain
-            return seq is not None
-
-        return self._submit(leak)
 
     def _abort(self, request_id: str) -> bool:
         self._drain_inbox()

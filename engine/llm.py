@@ -70,8 +70,8 @@ class LLM:
             per_prompt = list(params)
             if len(per_prompt) != len(batch):
                 raise ValueError(f"got {len(per_prompt)} SamplingParams for {len(batch)} prompts")
-        for prompt in batch:
-            self.engine._check_prompt(self.engine.tokenize(prompt))
+        for prompt, prompt_params in zip(batch, per_prompt, strict=True):
+            self.engine.check_request(self.engine.tokenize(prompt), prompt_params)
         ids: list[str] = []
         final: dict[str, RequestOutput] = {}
         pending = list(zip(batch, per_prompt, strict=True))

@@ -66,6 +66,8 @@ class RequestOutput:
     finish_reason: str | None
     metrics: RequestMetrics
     stop_reason: str | int | None = None
+    error: str | None = None
+    """Why the request failed (``finish_reason == "error"``); its neighbours are unharmed."""
 
     @property
     def finished(self) -> bool:

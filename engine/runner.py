@@ -1,8 +1,10 @@
 """Turns a ScheduledBatch into one packed forward pass and samples the next tokens.
 
-The interface the engine relies on is ``execute(batch) -> sampled token ids`` (one per entry
-whose ``sample`` is set, in batch order) plus ``last_forward_s``; the simulator swaps in a
-cost-model runner with the same two members.
+The interface the engine relies on is ``execute(batch) -> StepResult`` (engine/batch.py: the
+sampled token ids, one per entry whose ``sample`` is set, in batch order, plus ``failed``, the
+rows whose sampling failed, ``seq_id -> message``) and ``last_forward_s``; the simulator swaps
+in a cost-model runner with the same two members. A row in ``failed`` ends only its own
+request; an exception from ``execute`` (a failing forward) fails the whole step.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from engine.batch import ScheduledBatch
+from engine.batch import ScheduledBatch, StepResult
 from engine.decode_gather import DecodeGatherCache
 from engine.model.llama import LlamaForCausalLM
 from engine.sampler import Sampler
@@ -24,7 +26,7 @@ from kernels.attention import AttentionMetadata, Backend
 class Runner(Protocol):
     last_forward_s: float
 
-    def execute(self, batch: ScheduledBatch) -> list[int]: ...
+    def execute(self, batch: ScheduledBatch) -> StepResult: ...
 
 
 class ModelRunner:
@@ -52,22 +54,22 @@ class ModelRunner:
         """Decode gather buffers; kept per layer across steps up to as many bytes as the pool."""
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> list[int]:
+    def execute(self, batch: ScheduledBatch) -> StepResult:
         self._step += 1
         if batch.block_copies:
             self._copy_blocks(batch.block_copies)
         input_ids, positions, meta, sample_rows, sample_seqs = self._prepare(batch)
         started = time.perf_counter()
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
-        tokens: list[int] = []
+        result = StepResult([])
         if sample_rows:
             rows = torch.tensor(sample_rows, device=self.device)
             logits = self.model.compute_logits(hidden.index_select(0, rows))
-            tokens = self.sampler(logits, sample_seqs)
+            result = self.sampler(logits, sample_seqs)
         elif self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.last_forward_s = time.perf_counter() - started
-        return tokens
+        return result
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         src = torch.tensor([s for s, _ in copies], device=self.device)

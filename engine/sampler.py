@@ -1,9 +1,27 @@
-"""Greedy, temperature, top-k and top-p sampling with per-request seeded generators."""
+"""Greedy, temperature, top-k and top-p sampling with per-request seeded generators.
+
+Numerically safe for every value ``SamplingParams`` accepts:
+
+- a temperature below ``GREEDY_BELOW_TEMPERATURE`` is greedy (``logits / 1e-45`` is ``inf`` in
+  float32, and its softmax ``nan``);
+- logits are shifted by their maximum before the division, so the top token's weight is
+  exactly 1 and the distribution can never be all zeros;
+- top-p always keeps the top token. It used to compare the float32 cumulative sum with
+  ``top_p`` as a Python float, which torch casts to float32: ``1e-300`` became ``0.0``, every
+  token (the top one included, whose preceding mass is 0) was masked, and ``multinomial`` saw
+  an all-zero row ("invalid multinomial distribution");
+- NaN logits count as ``-inf`` and ``+inf`` as the largest float; a row with no finite
+  logit left fails.
+
+Rows are sampled one by one inside ``try``: a row that still fails ends only its own request
+(``StepResult.failed``), never its neighbours.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from engine.batch import FAILED_TOKEN, StepResult
 from engine.sequence import Sequence
 
 
@@ -11,25 +29,43 @@ class Sampler:
     def __init__(self, generator: torch.Generator) -> None:
         self.generator = generator
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """``logits`` ``[len(seqs), vocab]`` (float32) -> one token id per sequence."""
-        tokens = logits.argmax(dim=-1).tolist()
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> StepResult:
+        """``logits`` ``[len(seqs), vocab]`` -> one token id per sequence, plus failed rows."""
+        logits = torch.nan_to_num(
+            logits.float(),
+            nan=float("-inf"),
+            posinf=torch.finfo(torch.float32).max,
+            neginf=float("-inf"),
+        )
+        best, argmax = logits.max(dim=-1)
+        finite = torch.isfinite(best).tolist()
+        tokens = argmax.tolist()
+        failed: dict[str, str] = {}
         for row, seq in enumerate(seqs):
-            if not seq.params.greedy:
-                tokens[row] = self._sample_row(logits[row], seq)
-        return tokens
+            try:
+                if not finite[row]:
+                    raise ValueError("the model produced no finite logit (all NaN or -inf)")
+                if not seq.params.greedy:
+                    tokens[row] = self.sample_row(logits[row], seq)
+            except Exception as exc:  # this row only: its request ends with the error
+                tokens[row] = FAILED_TOKEN
+                failed[seq.seq_id] = f"sampling failed: {exc}"
+        return StepResult(tokens, failed)
 
-    def _sample_row(self, logits: torch.Tensor, seq: Sequence) -> int:
+    def sample_row(self, logits: torch.Tensor, seq: Sequence) -> int:
+        """Sample one row (finite maximum guaranteed by the caller)."""
         params = seq.params
-        scores = logits / params.temperature
+        scores = (logits - logits.max()) / params.temperature
         if 0 < params.top_k < scores.shape[-1]:
             kth = torch.topk(scores, params.top_k).values[-1]
             scores = scores.masked_fill(scores < kth, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         if params.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
+            sorted_probs, order = probs.double().sort(descending=True)
             before = sorted_probs.cumsum(-1) - sorted_probs
-            sorted_probs[before >= params.top_p] = 0.0
-            probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+            drop = before >= params.top_p
+            drop[0] = False  # the top token always stays, however small top_p is
+            sorted_probs[drop] = 0.0
+            probs = torch.zeros_like(sorted_probs).scatter_(-1, order, sorted_probs)
         generator = seq.generator or self.generator
         return int(torch.multinomial(probs, 1, generator=generator).item())

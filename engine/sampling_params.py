@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+GREEDY_BELOW_TEMPERATURE = 1e-5
+"""A temperature under this samples greedily: dividing logits by less overflows float32."""
+SEED_MIN = -(1 << 63)
+SEED_MAX = (1 << 64) - 1
+"""The range ``torch.Generator.manual_seed`` accepts (a negative seed wraps modulo 2**64)."""
 
 
 @dataclass(slots=True)
 class SamplingParams:
-    """``temperature=0`` is greedy; ``seed`` gives the request its own random generator."""
+    """``temperature=0`` (or below ``GREEDY_BELOW_TEMPERATURE``) is greedy; ``seed`` gives the
+    request its own random generator; ``top_k`` of 0 or -1 disables top-k."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -23,15 +31,20 @@ class SamplingParams:
             self.stop = [self.stop]
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be >= -1 (0 or -1 disables it), got {self.top_k}")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(
+                f"seed must be in [{SEED_MIN}, {SEED_MAX}] (the range of a 64-bit generator "
+                f"seed), got {self.seed}"
+            )
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW_TEMPERATURE

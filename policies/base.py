@@ -4,12 +4,18 @@ A policy owns the queue and decides, once per engine step, which sequences compu
 tokens. It never runs the model: it hands the runner a ScheduledBatch. Policies can be
 swapped at a step boundary: ``handover()`` gives up every sequence with its KV blocks and
 progress, the next policy's ``adopt()`` takes them over.
+
+Aging (``max_wait_s``): a waiting request that has waited longer than that since its arrival
+(not since the last switch, so switching cannot reset it) is admitted before any newer one,
+and while it cannot be admitted no newer one is; nothing is preempted for it. Policies read
+time only from the engine's clock, handed in when they are built, so a virtual clock works.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -22,12 +28,31 @@ from engine.sequence import Sequence, SequenceStatus
 PolicyName = Literal["static", "dynamic", "continuous", "hybrid"]
 
 
+DEFAULT_MAX_WAIT_S = 30.0
+"""Aging bound of the latency-oriented policies (continuous, hybrid); the batchers that model
+the article (static, dynamic) default to no aging so the benchmark measures them as they are."""
+
+
+def max_wait_field(default: float | None) -> Any:
+    return Field(
+        default,
+        gt=0,
+        le=86400,
+        description=(
+            "Aging: a request waiting longer than this many seconds since its arrival is "
+            "admitted before any newer one (newer ones wait; nothing is preempted). "
+            "null turns aging off."
+        ),
+    )
+
+
 class PolicyParams(BaseModel):
     """Base of every policy's params. ``caps`` maps a field to the EngineLimits attribute it
     may not exceed; the limits come in through the validation context."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     caps: ClassVar[dict[str, str]] = {}
+    max_wait_s: float | None = max_wait_field(None)
 
     @field_validator("*")
     @classmethod
@@ -65,10 +90,17 @@ class SchedulingPolicy(ABC):
     name: ClassVar[str]
     params_model: ClassVar[type[PolicyParams]]
 
-    def __init__(self, params: PolicyParams, limits: EngineLimits, blocks: BlockManager) -> None:
+    def __init__(
+        self,
+        params: PolicyParams,
+        limits: EngineLimits,
+        blocks: BlockManager,
+        clock: Callable[[], float],
+    ) -> None:
         self.params = params
         self.limits = limits
         self.blocks = blocks
+        self.clock = clock
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -129,6 +161,7 @@ class SchedulingPolicy(ABC):
             "waiting": len(self.waiting),
             "running": len(self.running),
             "preemptions": self.num_preemptions,
+            "overdue": len(self._overdue(self.waiting)),
         }
 
     @property
@@ -136,6 +169,23 @@ class SchedulingPolicy(ABC):
         return len(self.waiting) + len(self.running)
 
     # -- shared mechanics ---------------------------------------------------------------
+
+    def _overdue(self, seqs: Iterable[Sequence]) -> list[Sequence]:
+        """Sequences among ``seqs`` that waited past ``max_wait_s`` since arrival, oldest
+        first (empty when aging is off)."""
+        limit = self.params.max_wait_s
+        if limit is None:
+            return []
+        deadline = self.clock() - limit
+        return sorted((s for s in seqs if s.arrival_time < deadline), key=lambda s: s.arrival_time)
+
+    def _admission_order(self, waiting: list[Sequence]) -> list[Sequence]:
+        """``waiting`` in the policy's order, with overdue sequences moved to the front."""
+        overdue = self._overdue(waiting)
+        if not overdue:
+            return waiting
+        first = set(overdue)
+        return overdue + [s for s in waiting if s not in first]
 
     def _admit(self, seq: Sequence, hold_tokens: int, hits: list[int]) -> None:
         """Give a waiting sequence its blocks (prefix hits first) and mark it running."""

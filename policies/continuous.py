@@ -8,6 +8,7 @@ behind it. When the pool runs dry the newest running sequence is preempted (reco
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 from pydantic import Field
@@ -16,7 +17,14 @@ from engine.batch import ScheduledBatch
 from engine.config import EngineLimits
 from engine.kv_cache import BlockManager
 from engine.sequence import Sequence, SequenceStatus
-from policies.base import MaxBatchedTokens, MaxNumSeqs, PolicyParams, SchedulingPolicy
+from policies.base import (
+    DEFAULT_MAX_WAIT_S,
+    MaxBatchedTokens,
+    MaxNumSeqs,
+    PolicyParams,
+    SchedulingPolicy,
+    max_wait_field,
+)
 
 
 class ContinuousParams(PolicyParams):
@@ -29,6 +37,7 @@ class ContinuousParams(PolicyParams):
     enable_chunked_prefill: bool = Field(
         True, description="Split long prompts across steps so decodes keep running."
     )
+    max_wait_s: float | None = max_wait_field(DEFAULT_MAX_WAIT_S)
 
 
 class ContinuousPolicy(SchedulingPolicy):
@@ -36,8 +45,14 @@ class ContinuousPolicy(SchedulingPolicy):
     params_model = ContinuousParams
     params: ContinuousParams
 
-    def __init__(self, params: ContinuousParams, limits: EngineLimits, blocks: BlockManager):
-        super().__init__(params, limits, blocks)
+    def __init__(
+        self,
+        params: ContinuousParams,
+        limits: EngineLimits,
+        blocks: BlockManager,
+        clock: Callable[[], float],
+    ) -> None:
+        super().__init__(params, limits, blocks, clock)
         self.max_num_seqs = params.max_num_seqs or limits.max_num_seqs
         self.token_budget = params.max_num_batched_tokens or limits.max_num_batched_tokens
 
@@ -52,7 +67,7 @@ class ContinuousPolicy(SchedulingPolicy):
         for seq in list(self.running):
             budget -= self._continue(batch, seq, budget)
         if not batch.preempted:
-            for seq in list(self.waiting):
+            for seq in self._admission_order(list(self.waiting)):
                 used = self._try_admit(batch, seq, budget)
                 if used is None:
                     break

@@ -5,13 +5,15 @@ row up front. Its prefill really computes the padded positions (their K/V land i
 reserved slots past its real tokens, never in its logical positions), and every row keeps
 computing until the group's longest request is done: the cost of padding is real. Each
 request's output is still released at its own finish; its blocks are held until the group
-ends. Groups run one after another; arrivals wait for the running group.
+ends. Groups run one after another; arrivals wait for the running group. With aging on
+(``max_wait_s``), overdue requests, oldest first, form the next group(s) ahead of the rest.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from engine.batch import ScheduledBatch
@@ -22,8 +24,14 @@ from policies.base import PolicyParams, SchedulingPolicy
 
 
 class PaddedGroupPolicy(SchedulingPolicy):
-    def __init__(self, params: PolicyParams, limits: EngineLimits, blocks: BlockManager) -> None:
-        super().__init__(params, limits, blocks)
+    def __init__(
+        self,
+        params: PolicyParams,
+        limits: EngineLimits,
+        blocks: BlockManager,
+        clock: Callable[[], float],
+    ) -> None:
+        super().__init__(params, limits, blocks, clock)
         self.group: list[Sequence] = []
         self.queued_groups: deque[list[Sequence]] = deque()
         self.max_batch_size = min(params.max_batch_size, limits.max_num_seqs)  # type: ignore[attr-defined]
@@ -101,6 +109,7 @@ class PaddedGroupPolicy(SchedulingPolicy):
     def snapshot(self) -> dict[str, Any]:
         snap = super().snapshot()
         snap["waiting"] += sum(len(g) for g in self.queued_groups)
+        snap["overdue"] = len(self._overdue([*self.waiting, *self.live_queued()]))
         snap["group_size"] = len(self.group)
         snap["group_finished_rows"] = sum(1 for s in self.group if s.is_finished)
         snap["groups_started"] = self.groups_started
@@ -109,6 +118,10 @@ class PaddedGroupPolicy(SchedulingPolicy):
     @property
     def queue_depth(self) -> int:
         return super().queue_depth + sum(len(g) for g in self.queued_groups)
+
+    def live_queued(self) -> list[Sequence]:
+        """Sequences drained from the queue into groups that have not started yet."""
+        return [s for group in self.queued_groups for s in group]
 
     # -- internals ----------------------------------------------------------------------
 
@@ -140,8 +153,23 @@ class PaddedGroupPolicy(SchedulingPolicy):
             self.blocks.free(seq.seq_id)
         self.group = []
 
+    def _promote_overdue(self) -> None:
+        """Aging: overdue sequences (oldest first) are taken out of the queue and the queued
+        groups and made the next groups; they start as soon as the group in flight is done."""
+        queued = self.live_queued()
+        overdue = self._overdue([*queued, *self.waiting])
+        if not overdue or queued[: len(overdue)] == overdue:
+            return
+        late = set(overdue)
+        rest = [[s for s in group if s not in late] for group in self.queued_groups]
+        self.waiting = deque(s for s in self.waiting if s not in late)
+        size = self.max_batch_size
+        heads = [overdue[i : i + size] for i in range(0, len(overdue), size)]
+        self.queued_groups = deque([*heads, *(group for group in rest if group)])
+
     def _start_next_group(self) -> None:
         while not self.running:
+            self._promote_overdue()
             if not self.queued_groups:
                 self.queued_groups.extend(g for g in self._form_groups() if g)
                 if not self.queued_groups:

@@ -4,6 +4,7 @@ Below ``single_request_below`` (waiting + running) the oldest request runs alone
 latency a single request can get. At or above it the policy batches continuously, taking
 prefills shortest-length-bucket first (``length_window`` wide, first-come within a bucket) so
 short prompts are not stuck behind a very long one. The mode is decided every step.
+Aging (``max_wait_s``) lets a long prompt that waited too long jump the length buckets.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class HybridPolicy(ContinuousPolicy):
         window = self.params.length_window
         prefills = [s for s in self.running if s.in_prefill] + list(self.waiting)
         prefills.sort(key=lambda s: (s.num_uncomputed_tokens // window, s.arrival_time))
-        for seq in prefills:
+        for seq in self._with_overdue_first(prefills):
             if seq.status is SequenceStatus.RUNNING:
                 budget -= self._continue(batch, seq, budget, may_preempt=False)
                 continue
@@ -57,16 +58,32 @@ class HybridPolicy(ContinuousPolicy):
             budget -= used
         return self._finish(batch)
 
+    def _with_overdue_first(self, prefills: list[Sequence]) -> list[Sequence]:
+        """Running prefills keep going first (they hold blocks), then overdue waiting
+        sequences oldest first, then the rest in bucket order. Unchanged when none is overdue."""
+        overdue = self._overdue(self.waiting)
+        if not overdue:
+            return prefills
+        first = set(overdue)
+        running = [s for s in prefills if s.status is SequenceStatus.RUNNING]
+        rest = [s for s in prefills if s.status is not SequenceStatus.RUNNING and s not in first]
+        return running + overdue + rest
+
     def _schedule_single(self) -> ScheduledBatch:
         batch = ScheduledBatch(mode="hybrid-single")
         candidates: list[Sequence] = sorted(
             [*self.running, *self.waiting], key=lambda s: s.arrival_time
         )
+        overdue = set(self._overdue(self.waiting))
+        admitting = True  # an overdue sequence that does not fit blocks newer admissions
         for seq in candidates:
             if seq.status is SequenceStatus.RUNNING:
                 used = self._continue(batch, seq, self.token_budget)
-            else:
+            elif admitting:
                 used = self._try_admit(batch, seq, self.token_budget)
+                admitting = used is not None or seq not in overdue
+            else:
+                continue
             if used:
                 break
         return self._finish(batch)

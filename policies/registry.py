@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from engine.config import EngineLimits
@@ -32,11 +33,15 @@ def validate_params(spec: PolicySpec, limits: EngineLimits | None = None) -> Pol
 
 
 def make_policy(
-    spec: PolicySpec | str | dict[str, Any], limits: EngineLimits, blocks: BlockManager
+    spec: PolicySpec | str | dict[str, Any],
+    limits: EngineLimits,
+    blocks: BlockManager,
+    clock: Callable[[], float],
 ) -> SchedulingPolicy:
+    """``clock`` is the engine's: policies read time (aging) from it, never the wall clock."""
     spec = as_spec(spec)
     params = validate_params(spec, limits)
-    return POLICIES[spec.name](params, limits, blocks)
+    return POLICIES[spec.name](params, limits, blocks, clock)
 
 
 def params_schemas() -> dict[str, dict[str, Any]]:

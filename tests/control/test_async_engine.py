@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from engine.async_engine import AsyncEngine, EngineStepError, EngineStopped
-from engine.batch import ScheduledBatch
+from engine.batch import ScheduledBatch, StepResult
 from engine.config import EngineConfig, EngineLimits
 from engine.engine import LLMEngine
 from engine.outputs import RequestOutput
@@ -30,13 +30,13 @@ class StubRunner:
         self.gate = threading.Event()
         self.gate.set()
 
-    def execute(self, batch: ScheduledBatch) -> list[int]:
+    def execute(self, batch: ScheduledBatch) -> StepResult:
         self.gate.wait(10)
         time.sleep(self.delay_s)
         if self.fail_next:
             self.fail_next = False
             raise RuntimeError("stub forward failed")
-        return [TOKEN for entry in batch.entries if entry.sample]
+        return StepResult([TOKEN for entry in batch.entries if entry.sample])
 
 
 @pytest.fixture

@@ -58,8 +58,15 @@ def test_prompt_that_can_never_fit_the_pool_is_refused(tiny_model_dir):
     assert small_pool.generate([[5] * 100], GREEDY)[0].finish_reason == "length"
 
 
-def test_generation_stops_at_max_model_len(llm):
-    out = llm.generate([[7] * 250], SamplingParams(max_tokens=50, temperature=0, ignore_eos=True))
+def test_max_tokens_past_the_context_is_refused_naming_both_numbers(llm):
+    too_long = SamplingParams(max_tokens=50, temperature=0, ignore_eos=True)
+    with pytest.raises(RequestRejected, match="max_tokens=50 with a prompt of 250") as info:
+        llm.generate([[7] * 250], too_long)
+    assert info.value.param == "max_tokens" and "max_model_len is 256" in str(info.value)
+    with pytest.raises(RequestRejected, match="max_tokens"):
+        llm.engine.add_request([7] * 250, too_long)
+    exact = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    out = llm.generate([[7] * 250], exact)
     assert len(out[0].token_ids) == 6 and out[0].finish_reason == "length"
 
 
@@ -123,7 +130,7 @@ def test_abort_frees_blocks_and_leaves_other_requests_intact(llm):
     engine = llm.engine
     solo = llm.generate([[31] * 40], GREEDY)[0].token_ids
     keep = engine.add_request([31] * 40, GREEDY)
-    drop = engine.add_request([32] * 90, SamplingParams(max_tokens=200, temperature=0))
+    drop = engine.add_request([32] * 90, SamplingParams(max_tokens=160, temperature=0))
     for _ in range(3):
         engine.step()
     assert engine.abort(drop).result() is True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from engine.batch import StepResult
 from engine.config import EngineConfig, EngineLimits
 from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams
@@ -15,7 +16,7 @@ class EchoRunner:
     last_forward_s = 0.0
 
     def execute(self, batch):
-        return [7 for entry in batch.entries if entry.sample]
+        return StepResult([7 for entry in batch.entries if entry.sample])
 
 
 def _engine() -> LLMEngine:
