@@ -1,0 +1,3 @@
+from bench.gpu.main import main
+
+raise SystemExit(main())
