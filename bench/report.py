@@ -6,7 +6,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -99,37 +99,92 @@ def _rate(value: Any) -> str:
     return "–" if value is None else f"{value:.1f}"
 
 
-Column = tuple[str, str, Callable[[Any], str]]
+@dataclass(frozen=True, slots=True)
+class Column:
+    key: str
+    """The run's key the cell shows."""
+    title: str
+    fmt: Callable[[Any], str] = _num
 
-CORE: list[Column] = [
-    ("policy", "policy", str),
-    ("output_throughput", "output tok/s", _rate),
-    ("total_throughput", "total tok/s", _rate),
-    ("ttft_p50", "TTFT p50 ms", _ms),
-    ("ttft_p99", "TTFT p99 ms", _ms),
-    ("tpot_p50", "TPOT p50 ms", _ms),
-    ("e2e_p50", "e2e p50 ms", _ms),
-    ("kv_utilization", "KV util", _pct),
-    ("padding_waste", "padding", _pct),
-    ("preemptions", "preempt", _num),
-    ("engine_overhead", "overhead", _pct),
-]
+    def titled(self, title: str) -> Column:
+        return Column(self.key, title, self.fmt)
 
 
-def table(runs: Sequence[Run], columns: Sequence[Column]) -> list[str]:
+COLUMNS: dict[str, Column] = {
+    c.key: c
+    for c in (
+        Column("policy", "policy", str),
+        Column("output_throughput", "output tok/s", _rate),
+        Column("total_throughput", "total tok/s", _rate),
+        Column("ttft_p50", "TTFT p50 ms", _ms),
+        Column("ttft_p99", "TTFT p99 ms", _ms),
+        Column("tpot_p50", "TPOT p50 ms", _ms),
+        Column("e2e_p50", "e2e p50 ms", _ms),
+        Column("kv_utilization", "KV util", _pct),
+        Column("padding_waste", "padding", _pct),
+        Column("preemptions", "preempt"),
+        Column("engine_overhead", "overhead", _pct),
+        Column("padding_waste_prefill", "prefill padding", _pct),
+        Column("engine_overhead_batch32", "overhead ≥32", _pct),
+        Column("replay_efficiency", "replay eff."),
+        Column("outputs_equal_to_continuous", "same tokens", _pct),
+        Column("mean_batch_size", "mean batch"),
+        Column("block_size", "block size"),
+        Column("load", "load"),
+        Column("rate", "req/s"),
+        Column("goodput", "goodput req/s"),
+        Column("ttft_p50_short", "short TTFT p50 ms", _ms),
+        Column("ttft_p99_short", "short TTFT p99 ms", _ms),
+        Column("ttft_p50_long", "long TTFT p50 ms", _ms),
+        Column("memory_reserve", "reserve"),
+        Column("kv_pool_tokens", "pool slots"),
+        Column("refused", "refused"),
+        Column("mean_requests_holding_kv", "mean requests holding KV"),
+        Column("max_requests_holding_kv", "peak"),
+        Column("bookkeeping_bytes", "block-manager bytes"),
+        Column("kv_bytes_held_at_peak", "KV bytes held at peak"),
+        Column("reclaim_every_s", "sweep every s"),
+        Column("leaked", "leaked requests"),
+        Column("reclaims", "sweeps"),
+        Column("reclaimed_blocks", "blocks reclaimed"),
+        Column("reclaim_cpu_share", "sweep time share", _pct),
+        Column("kv_leaked_share", "leaked share of held", _pct),
+        Column("kv_utilization_effective", "effective KV util", _pct),
+    )
+}
+"""Every column a table may show, by run key; a table names its columns by key."""
+
+CORE = (
+    "policy",
+    "output_throughput",
+    "total_throughput",
+    "ttft_p50",
+    "ttft_p99",
+    "tpot_p50",
+    "e2e_p50",
+    "kv_utilization",
+    "padding_waste",
+    "preemptions",
+    "engine_overhead",
+)
+"""The burst tables' columns."""
+
+
+def columns(*keys: str | Column) -> list[Column]:
+    """The registered columns for ``keys``; a ``Column`` passes through (a retitled one)."""
+    return [k if isinstance(k, Column) else COLUMNS[k] for k in keys]
+
+
+def table(runs: Sequence[Run], cols: Sequence[Column]) -> list[str]:
     if not runs:
         return ["_(no runs)_", ""]
     lines = [
-        "| " + " | ".join(title for _, title, _ in columns) + " |",
-        "|" + "---|" * len(columns),
+        "| " + " | ".join(c.title for c in cols) + " |",
+        "|" + "---|" * len(cols),
     ]
     for run in runs:
-        lines.append("| " + " | ".join(fmt(run.get(key)) for key, _, fmt in columns) + " |")
+        lines.append("| " + " | ".join(c.fmt(run.get(c.key)) for c in cols) + " |")
     return [*lines, ""]
-
-
-def _column(key: str, title: str, fmt: Callable[[Any], str] = _num) -> Column:
-    return (key, title, fmt)
 
 
 def render_markdown(
@@ -170,7 +225,7 @@ def render_markdown(
         for n in settings["concurrencies"]:
             group = find_all(runs, suite="burst", workload=workload, concurrency=n)
             if group:
-                out += [f"### {workload}, {n} concurrent", "", *table(group, CORE)]
+                out += [f"### {workload}, {n} concurrent", "", *table(group, columns(*CORE))]
     tradeoff = e2e_tradeoff(runs, base)
     if tradeoff:
         out += ["**End-to-end latency, the honest trade-off.**", "", tradeoff, ""]
@@ -218,13 +273,20 @@ def _mixed_section(runs: list[Run], scale: float) -> list[str]:
     group = [r for r in runs if r["workload"] == "mixed"]
     if not group:
         return []
-    columns = [
-        *CORE[:8],
-        _column("padding_waste_prefill", "prefill padding", _pct),
-        _column("engine_overhead_batch32", "overhead ≥32", _pct),
-        _column("replay_efficiency", "replay eff."),
-        _column("outputs_equal_to_continuous", "same tokens", _pct),
-    ]
+    cols = columns(
+        "policy",
+        "output_throughput",
+        "total_throughput",
+        "ttft_p50",
+        "ttft_p99",
+        "tpot_p50",
+        "e2e_p50",
+        "kv_utilization",
+        "padding_waste_prefill",
+        "engine_overhead_batch32",
+        "replay_efficiency",
+        "outputs_equal_to_continuous",
+    )
     n = group[0]["num_requests"]
     lengths = "prompts uniform 32–512, 64 new tokens" + (f", ÷ {scale:g}" if scale != 1 else "")
     return [
@@ -235,7 +297,7 @@ def _mixed_section(runs: list[Run], scale: float) -> list[str]:
         "checkpoint, same threads, greedy; 'same tokens' compares each peer's outputs with "
         "the continuous policy's.",
         "",
-        *table(group, columns),
+        *table(group, cols),
     ]
 
 
@@ -243,15 +305,17 @@ def _sweep_section(runs: list[Run]) -> list[str]:
     sweep = find_all(runs, suite="batch-sweep")
     if not sweep:
         return []
-    columns = [
-        _column("policy", "policy", str),
-        _column("concurrency", "batch size (clients)"),
-        *CORE[1:2],
-        *CORE[3:6],
-        _column("mean_batch_size", "mean batch"),
-        CORE[7],
-        _column("engine_overhead", "overhead", _pct),
-    ]
+    cols = columns(
+        "policy",
+        Column("concurrency", "batch size (clients)"),
+        "output_throughput",
+        "ttft_p50",
+        "ttft_p99",
+        "tpot_p50",
+        "mean_batch_size",
+        "kv_utilization",
+        "engine_overhead",
+    )
     ordered = sorted(sweep, key=lambda r: (r["policy"], r["concurrency"]))
     return [
         "## Batch-size sweep (the article's table)",
@@ -259,7 +323,7 @@ def _sweep_section(runs: list[Run]) -> list[str]:
         "A closed loop of B clients (each sends its next request when its last one is done) "
         "with the policy's max batch size set to B, on the fixed-output lengths.",
         "",
-        *table(ordered, columns),
+        *table(ordered, cols),
     ]
 
 
@@ -267,7 +331,16 @@ def _block_section(runs: list[Run], base: int) -> list[str]:
     rows = find_all(runs, suite="block-sweep")
     if not rows:
         return []
-    columns = [CORE[0], _column("block_size", "block size"), *CORE[1:2], *CORE[3:8]]
+    cols = columns(
+        "policy",
+        "block_size",
+        "output_throughput",
+        "ttft_p50",
+        "ttft_p99",
+        "tpot_p50",
+        "e2e_p50",
+        "kv_utilization",
+    )
     ordered = sorted(rows, key=lambda r: (r["policy"], r["block_size"]))
     return [
         f"## Block-size sweep (burst-fixed, {base} concurrent, same KV memory)",
@@ -275,7 +348,7 @@ def _block_section(runs: list[Run], base: int) -> list[str]:
         "Sizes run interleaved (16, 32, 64, then again where the preset repeats them); "
         "run-to-run noise on a 2-core machine is several percent.",
         "",
-        *table(ordered, columns),
+        *table(ordered, cols),
     ]
 
 
@@ -283,21 +356,24 @@ def _poisson_section(runs: list[Run], saturation: float | None) -> list[str]:
     rows = sorted(find_all(runs, suite="poisson"), key=lambda r: (r["load"], r["policy"]))
     if not rows:
         return []
-    columns = [
-        _column("load", "load"),
-        _column("rate", "req/s", _num),
-        CORE[0],
-        *CORE[1:2],
-        *CORE[3:7],
-        _column("goodput", "goodput req/s"),
-    ]
+    cols = columns(
+        "load",
+        "rate",
+        "policy",
+        "output_throughput",
+        "ttft_p50",
+        "ttft_p99",
+        "tpot_p50",
+        "e2e_p50",
+        "goodput",
+    )
     return [
         "## Poisson arrivals at fractions of continuous's saturation rate",
         "",
         f"Saturation rate: {_num(saturation)} requests/s (continuous on the variable-output "
         "burst). Idle gaps are skipped on the clock, not slept.",
         "",
-        *table(rows, columns),
+        *table(rows, cols),
     ]
 
 
@@ -305,66 +381,77 @@ def _short_long_section(runs: list[Run]) -> list[str]:
     rows = find_all(runs, suite="short-long")
     if not rows:
         return []
-    columns = [
-        CORE[0],
-        *CORE[1:2],
-        _column("ttft_p50_short", "short TTFT p50 ms", _ms),
-        _column("ttft_p99_short", "short TTFT p99 ms", _ms),
-        _column("ttft_p50_long", "long TTFT p50 ms", _ms),
-        *CORE[5:9],
-    ]
-    return ["## Mostly short prompts with a few very long ones (burst)", "", *table(rows, columns)]
+    cols = columns(
+        "policy",
+        "output_throughput",
+        "ttft_p50_short",
+        "ttft_p99_short",
+        "ttft_p50_long",
+        "tpot_p50",
+        "e2e_p50",
+        "kv_utilization",
+        "padding_waste",
+    )
+    return ["## Mostly short prompts with a few very long ones (burst)", "", *table(rows, cols)]
 
 
 def _maintenance_section(runs: list[Run]) -> list[str]:
     out: list[str] = []
     reserve = sorted(find_all(runs, suite="reserve"), key=lambda r: r["memory_reserve"])
     if reserve:
-        columns = [
-            _column("memory_reserve", "reserve"),
-            _column("kv_pool_tokens", "pool slots"),
-            CORE[1],
-            CORE[3],
-            CORE[4],
-            _column("preemptions", "preemptions"),
-            _column("refused", "refused"),
-            _column("mean_batch_size", "mean batch"),
-        ]
-        out += ["## Memory reserve under overload (continuous)", "", *table(reserve, columns)]
+        cols = columns(
+            "memory_reserve",
+            "kv_pool_tokens",
+            "output_throughput",
+            "ttft_p50",
+            "ttft_p99",
+            COLUMNS["preemptions"].titled("preemptions"),
+            "refused",
+            "mean_batch_size",
+        )
+        out += ["## Memory reserve under overload (continuous)", "", *table(reserve, cols)]
     capacity = find_all(runs, suite="capacity")
     if capacity:
-        columns = [
-            CORE[0],
-            _column("kv_pool_tokens", "pool slots"),
-            _column("mean_requests_holding_kv", "mean requests holding KV"),
-            _column("max_requests_holding_kv", "peak"),
-            CORE[1],
-            CORE[7],
-            _column("bookkeeping_bytes", "block-manager bytes"),
-            _column("kv_bytes_held_at_peak", "KV bytes held at peak"),
-        ]
-        out += ["## Concurrency at the same KV memory", "", *table(capacity, columns)]
+        cols = columns(
+            "policy",
+            "kv_pool_tokens",
+            "mean_requests_holding_kv",
+            "max_requests_holding_kv",
+            "output_throughput",
+            "kv_utilization",
+            "bookkeeping_bytes",
+            "kv_bytes_held_at_peak",
+        )
+        out += ["## Concurrency at the same KV memory", "", *table(capacity, cols)]
     depth = sorted(
         find_all(runs, suite="hybrid-depth"), key=lambda r: (r["concurrency"], r["policy"])
     )
     if depth:
-        columns = [_column("concurrency", "depth (clients)"), CORE[0], CORE[1], *CORE[3:7]]
+        cols = columns(
+            Column("concurrency", "depth (clients)"),
+            "policy",
+            "output_throughput",
+            "ttft_p50",
+            "ttft_p99",
+            "tpot_p50",
+            "e2e_p50",
+        )
         out += ["## Shallow queues: hybrid (one at a time below depth 4) vs continuous", "",
-                *table(depth, columns)]  # fmt: skip
+                *table(depth, cols)]  # fmt: skip
     reclaim = find_all(runs, suite="reclaim")
     if reclaim:
-        columns = [
-            _column("reclaim_every_s", "sweep every s"),
-            _column("leaked", "leaked requests"),
-            _column("reclaims", "sweeps"),
-            _column("reclaimed_blocks", "blocks reclaimed"),
-            _column("reclaim_cpu_share", "sweep time share", _pct),
-            _column("kv_leaked_share", "leaked share of held", _pct),
-            _column("kv_utilization_effective", "effective KV util", _pct),
-            CORE[1],
-            _column("preemptions", "preemptions"),
-        ]
-        out += ["## Leaked blocks and the reclaim sweep (continuous)", "", *table(reclaim, columns)]
+        cols = columns(
+            "reclaim_every_s",
+            "leaked",
+            "reclaims",
+            "reclaimed_blocks",
+            "reclaim_cpu_share",
+            "kv_leaked_share",
+            "kv_utilization_effective",
+            "output_throughput",
+            COLUMNS["preemptions"].titled("preemptions"),
+        )
+        out += ["## Leaked blocks and the reclaim sweep (continuous)", "", *table(reclaim, cols)]
     return out
 
 
