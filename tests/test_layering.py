@@ -1,0 +1,283 @@
+"""DESIGN §1's import rules, read from the source with ast (nothing is imported, so a
+violation cannot hide behind an import error and the check takes well under a second).
+
+- Imports only go down the floors (``MAY_IMPORT``); ``tui/`` imports no other package of ours.
+- ``engine/``'s lower part never imports ``policies/`` nor the engine's top part; policies
+  never import the top part. The lower part is what DESIGN names plus every engine module
+  policies reach, so a new module a policy imports is held to the rule at once.
+- ``engine/``, ``policies/`` and ``kernels/`` never import the server's frameworks.
+- Inside the tree, names come from submodules, never from a package's ``__init__``.
+- Nothing of ours touches Textual's private binding state (issue 12, item 6).
+Each rule also runs on a small tree with a deliberate violation, to show it can fail.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "kernels": frozenset({"kernels"}),
+    "engine": frozenset({"engine", "kernels", "policies"}),  # policies: top part only
+    "policies": frozenset({"policies", "engine", "kernels"}),  # engine: lower part only
+    "sim": frozenset({"sim", "engine", "policies", "kernels"}),
+    "bench": frozenset({"bench", "sim", "engine", "policies", "kernels"}),
+    "control": frozenset(
+        {"control", "bench", "sim", "engine", "policies", "kernels", "tui", "migrations"}
+    ),
+    "tui": frozenset({"tui"}),
+    "migrations": frozenset({"migrations", "control"}),
+}
+"""Which of our packages each package may import (the floors of DESIGN §1)."""
+
+ENGINE_TOP = frozenset({"engine", "engine.engine", "engine.llm", "engine.async_engine"})
+"""engine/'s top part: the step loop and what wraps it (and the package's public face).
+Neither the lower part nor policies may import these. Another engine module may import
+``policies/`` only while no policy reaches it (else it is lower part and the check fails)."""
+ENGINE_LOWER = frozenset(
+    (
+        "engine.sequence",
+        "engine.kv_cache",
+        "engine.batch",
+        "engine.model",
+        "engine.runner",
+        "engine.sampler",
+    )
+)
+"""engine/'s lower part as DESIGN names it (``engine.model`` includes its submodules)."""
+BARE_FLOORS = ("engine", "policies", "kernels")
+SERVER_FRAMEWORKS = frozenset(
+    (
+        "fastapi",
+        "starlette",
+        "sqlmodel",
+        "sqlalchemy",
+        "textual",
+        "apscheduler",
+        "uvicorn",
+        "alembic",
+    )
+)
+"""What ``engine/``, ``policies/`` and ``kernels/`` never import (DESIGN §1, plus the
+frameworks fastapi and sqlmodel are built on)."""
+PRIVATE_TEXTUAL = frozenset({"_bindings", "_merged_bindings"})
+
+
+@dataclass(frozen=True, slots=True)
+class Import:
+    source: str
+    """The importing module."""
+    target: str
+    """The module imported (from-imports: the module the names come from)."""
+    names: tuple[str, ...]
+    """From-imports: the names; plain imports: the target's attributes the file uses."""
+    line: int
+    plain: bool = False
+
+    def __str__(self) -> str:
+        what = f"import {self.target}" if self.plain else f"from {self.target} import "
+        return f"{self.source}:{self.line}: {what}{'' if self.plain else ', '.join(self.names)}"
+
+
+class Tree:
+    """Our packages under ``root``: module names, which are packages, and their imports."""
+
+    def __init__(self, root: Path) -> None:
+        self.files: dict[str, Path] = {}
+        self.packages: set[str] = set()
+        for top in MAY_IMPORT:
+            for path in sorted((root / top).rglob("*.py")):
+                parts = path.relative_to(root).with_suffix("").parts
+                if parts[-1] == "__init__":
+                    parts = parts[:-1]
+                    self.packages.add(".".join(parts))
+                self.files[".".join(parts)] = path
+        self.imports = [i for m, path in self.files.items() for i in self._imports(m, path)]
+
+    def _imports(self, module: str, path: Path) -> Iterator[Import]:
+        package = module if module in self.packages else module.rpartition(".")[0]
+        tree = ast.parse(path.read_text(), str(path))
+        dotted = [d for d in map(_dotted, ast.walk(tree)) if d]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    bound = alias.asname or alias.name
+                    used = {
+                        d[len(bound) + 1 :].split(".")[0]
+                        for d in dotted
+                        if d.startswith(f"{bound}.")
+                    }
+                    yield Import(module, alias.name, tuple(sorted(used)), node.lineno, plain=True)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1] if node.level else []
+                target = ".".join([*base, *([node.module] if node.module else [])])
+                yield Import(module, target, tuple(a.name for a in node.names), node.lineno)
+
+    def reached(self, imp: Import) -> set[str]:
+        """The modules an import loads for what it uses: ``from engine import faults`` is
+        the submodule ``engine.faults``, ``from engine import LLM`` the package itself."""
+        found = {f"{imp.target}.{n}" for n in imp.names if f"{imp.target}.{n}" in self.files}
+        return found | ({imp.target} if len(found) < len(imp.names) or not imp.names else set())
+
+    def engine_lower(self) -> set[str]:
+        """DESIGN's lower part plus every engine module policies reach through the engine."""
+        lower = {m for m in self.files if m.startswith("engine.") and _under(m, ENGINE_LOWER)}
+        frontier = [
+            m for i in self.imports if _top(i.source) == "policies" for m in self.reached(i)
+        ]
+        while frontier:
+            module = frontier.pop()
+            if _top(module) == "engine" and module in self.files and module not in lower:
+                lower.add(module)
+                frontier += [m for i in self.imports if i.source == module for m in self.reached(i)]
+        return lower
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) and parts else None
+
+
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def _under(module: str, prefixes: frozenset[str]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def floor_violations(tree: Tree) -> list[str]:
+    lower = tree.engine_lower()
+    found = []
+    for imp in tree.imports:
+        source, target, reached = _top(imp.source), _top(imp.target), tree.reached(imp)
+        if target in MAY_IMPORT and target not in MAY_IMPORT[source]:
+            found.append(f"{imp} ({source}/ may not import {target}/)")
+        elif imp.source in lower and (target == "policies" or reached & ENGINE_TOP):
+            found.append(f"{imp} (engine's lower part imports policies or the top part)")
+        elif source == "policies" and reached & ENGINE_TOP:
+            found.append(f"{imp} (policies import only engine's lower part)")
+    return found
+
+
+def framework_violations(tree: Tree) -> list[str]:
+    return [
+        f"{imp} ({_top(imp.source)}/ runs on a bare GPU box)"
+        for imp in tree.imports
+        if _top(imp.source) in BARE_FLOORS and _top(imp.target) in SERVER_FRAMEWORKS
+    ]
+
+
+def package_init_violations(tree: Tree) -> list[str]:
+    """What is taken from a package must be a submodule (or a dunder such as ``__path__``),
+    never a name its ``__init__`` defines; a package's own ``__init__`` may gather names."""
+    found = []
+    for imp in tree.imports:
+        if imp.target not in tree.packages or imp.target == imp.source:
+            continue
+        names = [n for n in imp.names if not (n.startswith("__") and n.endswith("__"))]
+        if any(f"{imp.target}.{name}" not in tree.files for name in names):
+            found.append(f"{imp} (import from the submodule, not the package's __init__)")
+    return found
+
+
+def private_textual_violations(root: Path) -> list[str]:
+    """``x._bindings`` or ``getattr(x, "_bindings")`` anywhere in our source or tests."""
+    found = []
+    paths = [p for top in (*MAY_IMPORT, "tests") for p in (root / top).rglob("*.py")]
+    for path in sorted([*root.glob("*.py"), *paths]):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            name = node.attr if isinstance(node, ast.Attribute) else None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                args = node.args[1:2]
+                if node.func.id.endswith("attr") and args and isinstance(args[0], ast.Constant):
+                    name = args[0].value
+            if name in PRIVATE_TEXTUAL:
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {name}")
+    return found
+
+
+RULES = {
+    "floors": lambda root: floor_violations(Tree(root)),
+    "frameworks": lambda root: framework_violations(Tree(root)),
+    "package_init": lambda root: package_init_violations(Tree(root)),
+    "private_textual": private_textual_violations,
+}
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_the_tree_keeps_the_rule(rule: str) -> None:
+    assert RULES[rule](ROOT) == []
+
+
+def test_the_check_sees_the_whole_tree() -> None:
+    tree = Tree(ROOT)
+    assert {"engine.kv_cache", "policies.registry", "kernels.reference", "tui.app"} <= set(
+        tree.files
+    )
+    lower = tree.engine_lower()
+    assert {"engine.sequence", "engine.batch", "engine.kv_cache", "engine.config"} <= lower
+    assert not lower & ENGINE_TOP
+
+
+VIOLATIONS = {
+    "floors": {
+        "engine/sequence.py": "from policies.base import PolicySpec\n",
+        "engine/batch.py": "from engine.llm import LLM\n",  # lower part reaching up
+        "tui/app.py": "def lazy():\n    from control.cli import main\n",
+        "kernels/ops.py": "import engine.sequence\n",
+        "policies/static.py": "from engine.engine import LLMEngine\n",
+    },
+    "frameworks": {"policies/static.py": "from fastapi import FastAPI\n"},
+    "package_init": {
+        "bench/run.py": "from engine import LLM\n",
+        "control/x.py": "import engine\n\nengine.LLM()\n",
+    },
+    "private_textual": {"tui/app.py": "app._bindings = None\ngetattr(app, '_bindings')\n"},
+}
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_a_deliberate_violation_fails_the_rule(rule: str, tmp_path: Path) -> None:
+    clean = {
+        "engine/__init__.py": "from engine.llm import LLM\n",
+        "engine/llm.py": "from engine.sequence import Sequence\nfrom policies.base import S\n",
+        "engine/sequence.py": "import torch\n",
+        "engine/batch.py": "from engine.sequence import Sequence\n",
+        "engine/model/__init__.py": "",
+        "engine/model/llama.py": "from kernels import ops\nfrom .. import sequence\n",
+        "policies/__init__.py": "",
+        "policies/base.py": "from engine.batch import Batch\nfrom pydantic import BaseModel\n",
+        "policies/static.py": "from .base import S\n",
+        "kernels/__init__.py": "",
+        "kernels/ops.py": "import torch\n",
+        "tui/__init__.py": "",
+        "tui/app.py": "from textual.app import App\nfrom .screens import base\n",
+        "tui/screens/__init__.py": "",
+        "tui/screens/base.py": "",
+        "bench/__init__.py": "",
+        "control/__init__.py": "",
+        "control/cli.py": "def tui():\n    from tui.app import App\n",
+        "control/migrate.py": "import migrations\n\nmigrations.__path__\n",
+        "migrations/__init__.py": "",
+    }
+    for name, text in clean.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert RULES[rule](tmp_path) == []
+    for name, text in VIOLATIONS[rule].items():
+        (tmp_path / name).write_text(text)
+    found = RULES[rule](tmp_path)
+    for name in VIOLATIONS[rule]:
+        module = name.removesuffix(".py").replace("/", ".")
+        assert any(f.startswith((f"{module}:", f"{name}:")) for f in found), (name, found)
