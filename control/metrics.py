@@ -21,6 +21,17 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 RECLAIM_OUTCOMES = ("ok", "error", "missed", "skipped")
 POLICY_UPDATE_RESULTS = ("applied", "dry_run", "invalid", "conflict", "not_found")
 KV_STATES = ("free", "used", "cached")
+REFUSAL_REASONS = (
+    "invalid",
+    "too_large",
+    "unauthorized",
+    "unknown_model",
+    "not_found",
+    "queue_full",
+    "unavailable",
+)
+"""Why a ``/v1`` request was refused (4xx, 503): the ``reason`` label of
+``servedeck_requests_refused_total``."""
 
 
 class EngineCollector(Collector):
@@ -111,6 +122,19 @@ class ControlMetrics:
             ["policy", "version"],
             registry=r,
         )
+        self.requests_refused = Counter(
+            "servedeck_requests_refused",
+            "Requests to /v1 refused, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.requests_failed = Counter(
+            "servedeck_requests_failed",
+            "Requests to /v1 that failed on the server's side (500, or an error mid-stream).",
+            registry=r,
+        )
+        for reason in REFUSAL_REASONS:
+            self.requests_refused.labels(reason)
         for outcome in RECLAIM_OUTCOMES:
             self.reclaim_runs.labels(outcome)
         for result in POLICY_UPDATE_RESULTS:
@@ -132,6 +156,12 @@ class ControlMetrics:
         self.reclaim_runs.labels(outcome).inc()
         self.reclaimed_blocks.inc(freed)
         self.evicted_blocks.inc(evicted)
+
+    def count_refused(self, reason: str) -> None:
+        self.requests_refused.labels(reason).inc()
+
+    def count_failed(self) -> None:
+        self.requests_failed.inc()
 
     def count_policy_update(self, result: str) -> None:
         self.policy_updates.labels(result).inc()

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
 
 from control.core.config import MEMORY_RESERVE_BOUNDS, RECLAIM_INTERVAL_BOUNDS
 from policies.base import PolicySpec
@@ -33,31 +42,68 @@ def reclaim_interval_field(default: Any = ...) -> Any:
 
 # -- public API ------------------------------------------------------------------------------
 
+SEED_BOUNDS = (-(2**53), 2**53)
+"""Integers a JSON number holds exactly (so the bounds in ``/openapi.json``, written as
+floats, are exact too); ``torch.Generator.manual_seed`` takes all of them."""
+
+
+def _valid_unicode(value: str, field: str) -> str:
+    """JSON can carry a lone surrogate (``"a\\ud800b"``) that no tokenizer can encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{field} is not valid Unicode: a lone surrogate at index {exc.start}"
+        ) from None
+    return value
+
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: StrictBool = False
+
+
+TextPrompt = Annotated[str, Field(min_length=1)]
+TokenPrompt = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
 
 
 class CompletionRequest(BaseModel):
-    model: str | None = None
-    prompt: str | list[int] = Field(description="Text, or token ids.")
-    max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1, description="0 or -1: no top-k cut.")
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool = False
+    """Types are strict where OpenAI's schema is (no ``"yes"`` for a boolean, no ``true`` for
+    a token id); numbers may be written as integers. Limits that depend on the server's
+    settings (stop list size, prompt length) are checked by the route and answer 400."""
+
+    model: StrictStr | None = None
+    prompt: TextPrompt | TokenPrompt = Field(description="Text, or token ids (not empty).")
+    max_tokens: StrictInt = Field(
+        16, ge=1, description="Prompt tokens + max_tokens must fit max_model_len."
+    )
+    temperature: StrictFloat = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: StrictFloat = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: StrictInt = Field(0, ge=-1, description="0 or -1: no top-k cut.")
+    seed: StrictInt | None = Field(
+        None,
+        ge=SEED_BOUNDS[0],
+        le=SEED_BOUNDS[1],
+        description="The request's own random generator; |seed| <= 2**53.",
+    )
+    stop: StrictStr | list[StrictStr] | None = Field(
+        None,
+        description="Non-empty strings; at most max_stop_strings of them, max_stop_chars in "
+        "all (server settings).",
+    )
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = Field(False, description="Extension: keep generating past EOS.")
-    n: int = Field(1, ge=1, le=1, description="Only one choice per request is supported.")
+    ignore_eos: StrictBool = Field(False, description="Extension: keep generating past EOS.")
+    n: StrictInt = Field(1, ge=1, le=1, description="Only one choice per request is supported.")
+
+    @field_validator("model")
+    @classmethod
+    def _model_unicode(cls, value: str | None) -> str | None:
+        return None if value is None else _valid_unicode(value, "model")
 
     @field_validator("prompt")
     @classmethod
-    def _prompt_not_empty(cls, value: str | list[int]) -> str | list[int]:
-        if len(value) == 0:
-            raise ValueError("prompt must not be empty")
-        return value
+    def _prompt_unicode(cls, value: str | list[int]) -> str | list[int]:
+        return _valid_unicode(value, "prompt") if isinstance(value, str) else value
 
     @field_validator("stop")
     @classmethod
@@ -65,7 +111,22 @@ class CompletionRequest(BaseModel):
         stops = [value] if isinstance(value, str) else list(value or [])
         if any(not s for s in stops):
             raise ValueError("stop strings must be non-empty")
+        for stop in stops:
+            _valid_unicode(stop, "stop")
         return stops
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str = Field(description="invalid_request_error, rate_limit_error or server_error.")
+    param: str | None = Field(None, description="The request field at fault, if one is.")
+    code: str | None = Field(None, description="A stable name for the refusal, if one fits.")
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body: every refusal and failure on ``/v1`` answers with it."""
+
+    error: ErrorInfo
 
 
 class Usage(BaseModel):

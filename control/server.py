@@ -15,8 +15,9 @@ from fastapi import FastAPI
 
 import control.models  # noqa: F401  (tables on SQLModel.metadata before anything queries)
 from control import migrate
-from control.api import errors
+from control.api import errors, limits
 from control.api.main import api_router
+from control.api.middleware import RequestGuard, install_log_filter
 from control.core.config import Settings
 from control.core.db import make_engine
 from control.runtime import AppContext
@@ -38,6 +39,8 @@ def create_app(
 
         def load() -> None:
             ctx.load()
+            if ctx.runtime is not None:
+                limits.max_prompt_bytes(ctx.runtime.llm_engine)  # once, before traffic
             if ctx.load_error is not None and on_load_failure is not None:
                 on_load_failure()
 
@@ -61,6 +64,12 @@ def create_app(
 
         app.include_router(testing.router)
     errors.install(app)
+    app.add_middleware(
+        RequestGuard,
+        max_body_bytes=settings.max_body_bytes,
+        max_json_depth=settings.max_json_depth,
+    )
+    install_log_filter()
     return app
 
 

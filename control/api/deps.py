@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlmodel import Session
 
+from control.api.errors import ApiError
 from control.runtime import AppContext, Runtime
 from engine.async_engine import AsyncEngine
 
@@ -69,6 +70,34 @@ def require_admin(
 
 
 AdminDep = Depends(require_admin)
+
+_api_key_bearer = HTTPBearer(
+    auto_error=False, scheme_name="APIKey", description="The API key (when the server has one)."
+)
+
+
+def require_api_key(
+    ctx: ContextDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_api_key_bearer)],
+) -> None:
+    """With ``--api-key`` set, /v1 needs ``Authorization: Bearer <key>`` (compared in constant
+    time); 401 in OpenAI's shape without it or with a wrong one."""
+    key = ctx.settings.api_key
+    if key is None:
+        return
+    given = b"" if credentials is None else credentials.credentials.encode()
+    if not hmac.compare_digest(given, key.get_secret_value().encode()):
+        problem = "missing" if credentials is None else "not valid"
+        raise ApiError(
+            401,
+            f"API key {problem}: send 'Authorization: Bearer <key>'",
+            code="invalid_api_key",
+            reason="unauthorized",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+ApiKeyDep = Depends(require_api_key)
 
 
 def if_match_version(

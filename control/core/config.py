@@ -9,13 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from policies.base import PolicyName
 
 MEMORY_RESERVE_BOUNDS = (0.0, 0.5)
 RECLAIM_INTERVAL_BOUNDS = (0.5, 3600.0)
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 class Settings(BaseSettings):
@@ -40,6 +41,16 @@ class Settings(BaseSettings):
     num_kv_blocks: int | None = Field(None, ge=1)
     max_model_len: int | None = Field(None, ge=2)
     max_waiting: int = Field(1024, ge=1)
+    api_key: SecretStr | None = Field(
+        None, description="When set, /v1 routes require 'Authorization: Bearer <key>'."
+    )
+    api_key_file: Path | None = Field(None, description="File holding the API key.")
+    max_body_bytes: int = Field(
+        DEFAULT_MAX_BODY_BYTES, ge=1024, description="Larger request bodies get 413."
+    )
+    max_json_depth: int = Field(64, ge=2, description="Deeper JSON nesting gets 400.")
+    max_stop_strings: int = Field(16, ge=1, description="Stop strings a request may give.")
+    max_stop_chars: int = Field(4096, ge=1, description="Characters of all its stop strings.")
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int = Field(2048, ge=1)
     num_threads: int | None = Field(None, ge=1)
@@ -48,6 +59,24 @@ class Settings(BaseSettings):
     )
     testing: bool = Field(False, description="Expose test-only routes (never in production).")
     log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _read_api_key_file(self) -> Settings:
+        """``--api-key-file`` fills ``api_key`` (so the key need not appear in ``ps``)."""
+        if self.api_key is not None and not self.api_key.get_secret_value().strip():
+            raise ValueError("the API key must not be empty")
+        if self.api_key_file is None:
+            return self
+        if self.api_key is not None:
+            raise ValueError("give --api-key or --api-key-file, not both")
+        try:
+            key = self.api_key_file.read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read the API key file: {exc.strerror}") from None
+        if not key:
+            raise ValueError(f"the API key file {self.api_key_file} is empty")
+        self.api_key = SecretStr(key)
+        return self
 
     def db_path(self) -> Path:
         if self.db is not None:

@@ -3,70 +3,107 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from control.api.deps import RuntimeDep
-from control.schemas import CompletionChoice, CompletionRequest, CompletionResponse, Usage
+from control.api.deps import ApiKeyDep, ContextDep, RuntimeDep
+from control.api.errors import ApiError, public_errors
+from control.api.limits import check_stop_list, prompt_token_ids
+from control.schemas import (
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorInfo,
+    ErrorResponse,
+    Usage,
+)
 from engine.async_engine import EngineStepError, EngineStopped, RequestStream
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
-router = APIRouter(tags=["public"])
+router = APIRouter(tags=["public"], dependencies=[ApiKeyDep])
 DISCONNECT_POLL_S = 0.25
+CLIENT_GONE = 499
+T = TypeVar("T")
 
-ERRORS = {
-    400: {"description": "The request can never be served (names the field or limit)."},
-    404: {"description": "Unknown model."},
-    429: {"description": "The waiting queue is full; see Retry-After."},
-    503: {"description": "The model is still loading."},
+RESPONSES = {
+    200: {
+        "description": "The completion; with `stream: true`, server-sent events of "
+        "CompletionResponse chunks ending in `data: [DONE]`.",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
+    **public_errors(400, 401, 404, 413, 429, 500, 503),
 }
 
 
-@router.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS)
-async def create_completion(body: CompletionRequest, runtime: RuntimeDep, request: Request):
+@router.post("/v1/completions", response_model=CompletionResponse, responses=RESPONSES)
+async def create_completion(
+    body: CompletionRequest, runtime: RuntimeDep, ctx: ContextDep, request: Request
+):
     if body.model is not None and body.model != runtime.model_name:
-        raise HTTPException(
-            404, f"model {body.model!r} does not exist; this server serves {runtime.model_name!r}"
+        raise ApiError(
+            404,
+            f"model {body.model!r} does not exist; this server serves {runtime.model_name!r}",
+            param="model",
+            code="model_not_found",
+            reason="unknown_model",
         )
+    settings = ctx.settings
+    check_stop_list(list(body.stop or []), settings.max_stop_strings, settings.max_stop_chars)
+    token_ids = await prompt_token_ids(body.prompt, runtime.llm_engine)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    stream = runtime.engine.add_request(body.prompt, sampling_params(body), request_id)
+    stream = runtime.engine.add_request(token_ids, sampling_params(body), request_id)
     created = int(time.time())
-    if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        events = _events(stream, request_id, created, runtime.model_name, include_usage)
-        return StreamingResponse(
-            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    if not body.stream:
+        try:
+            final = await _unless_gone(_last(stream), request)
+        finally:
+            await stream.aclose()
+        return CompletionResponse(
+            id=request_id,
+            created=created,
+            model=runtime.model_name,
+            choices=[_choice(final, final.text)],
+            usage=_usage(final),
         )
-    final = await _until_finished_or_gone(stream, request)
-    return CompletionResponse(
-        id=request_id,
-        created=created,
-        model=runtime.model_name,
-        choices=[_choice(final, final.text)],
-        usage=_usage(final),
+    # The first output before any header: a request refused or failed before its first
+    # token answers with a JSON error (the handlers), not with an event stream.
+    try:
+        first = await _unless_gone(anext(stream), request)
+    except BaseException:
+        await stream.aclose()
+        raise
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    events = _events(
+        first,
+        stream,
+        Chunker(request_id, created, runtime.model_name),
+        include_usage,
+        runtime.metrics.count_failed,
+    )
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
     )
 
 
-async def _until_finished_or_gone(stream: RequestStream, request: Request) -> RequestOutput:
-    """The final output; a client that hangs up first aborts the request (frees its blocks)."""
-    collect = asyncio.ensure_future(_last(stream))
+async def _unless_gone(work: Awaitable[T], request: Request) -> T:
+    """``work``'s result; a client that hangs up first cancels it (which aborts the request
+    and frees its blocks) and gets 499."""
+    task = asyncio.ensure_future(work)
     try:
-        while not collect.done():
-            await asyncio.wait({collect}, timeout=DISCONNECT_POLL_S)
-            if not collect.done() and await request.is_disconnected():
-                collect.cancel()  # cancelling the stream's reader aborts the request
-                raise HTTPException(499, "the client closed the connection")
-        return collect.result()
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                raise HTTPException(CLIENT_GONE, "the client closed the connection")
+        return task.result()
     finally:
-        collect.cancel()
-        await stream.aclose()
+        task.cancel()  # cancelling the stream's reader aborts the request
 
 
 async def _last(stream: RequestStream) -> RequestOutput:
@@ -89,26 +126,47 @@ def sampling_params(body: CompletionRequest) -> SamplingParams:
     )
 
 
-async def _events(
-    stream: RequestStream, request_id: str, created: int, model: str, include_usage: bool
-) -> AsyncIterator[str]:
-    def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> str:
+class Chunker:
+    """One SSE ``data:`` line per chunk, all with the request's id, time and model."""
+
+    def __init__(self, request_id: str, created: int, model: str) -> None:
+        self.request_id, self.created, self.model = request_id, created, model
+
+    def __call__(self, choices: list[CompletionChoice], usage: Usage | None = None) -> str:
         body = CompletionResponse(
-            id=request_id, created=created, model=model, choices=choices, usage=usage
+            id=self.request_id,
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            usage=usage,
         )
         return _sse(body)
 
+
+async def _events(
+    first: RequestOutput,
+    stream: RequestStream,
+    chunk: Chunker,
+    include_usage: bool,
+    on_failure: Callable[[], None],
+) -> AsyncIterator[str]:
+    async def outputs() -> AsyncIterator[RequestOutput]:
+        yield first
+        async for output in stream:
+            yield output
+
     last: RequestOutput | None = None
     try:
-        async for output in stream:
+        async for output in outputs():
             last = output
             if output.text_delta or output.finished:
                 yield chunk([_choice(output, output.text_delta)])
         if include_usage and last is not None:
             yield chunk([], _usage(last))
     except (EngineStepError, EngineStopped) as exc:
-        error = {"error": {"message": str(exc), "type": "server_error"}}
-        yield f"data: {json.dumps(error)}\n\n"
+        on_failure()
+        code = "engine_stopped" if isinstance(exc, EngineStopped) else "engine_error"
+        yield _sse(ErrorResponse(error=ErrorInfo(message=str(exc), type="server_error", code=code)))
     finally:
         await stream.aclose()  # a client that went away aborts the request
     yield "data: [DONE]\n\n"

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from control.api.deps import RuntimeDep
+from control.api.deps import ApiKeyDep, RuntimeDep
+from control.api.errors import public_errors
 from control.schemas import ModelCard, ModelList
 
-router = APIRouter(tags=["public"])
+router = APIRouter(tags=["public"], dependencies=[ApiKeyDep])
 
 
-@router.get("/v1/models", response_model=ModelList)
+@router.get("/v1/models", response_model=ModelList, responses=public_errors(401, 500, 503))
 def list_models(runtime: RuntimeDep) -> ModelList:
     return ModelList(data=[ModelCard(id=runtime.model_name, created=runtime.created)])
