@@ -1,0 +1,212 @@
+"""Schemathesis against a live server's own OpenAPI schema: every operation, with and without the
+admin token, every response check schemathesis has (``--checks all``), seeded.
+
+    python -m bench.fuzz --examples 200 --out bench/results/fuzz/fuzz.json
+
+The run itself is the suite's fuzz test, ``tests/control/test_fuzz.py`` (schemathesis' pytest
+integration against a ``servedeck serve`` child with the tiny checkpoint), run here with more
+examples and a JSON summary; ``make test`` runs the same test with 25. This module owns what both
+share: the schemathesis configuration, the operations left out and why, and the recorder.
+
+Per operation and auth, schemathesis runs its phases: ``examples`` (from the schema), ``coverage``
+(a fixed, deterministic set of boundary and type-violating cases derived from the schema) and
+``fuzzing`` (up to ``examples`` drawn cases, schema-valid and schema-violating mixed), from a seed
+derived from ``seed`` and the operation. Every case is sent and checked; a failing case is booked
+and the run goes on (no shrinking), so the summary counts failing cases by check and lists each
+distinct failure (operation, auth, check, title) once, with its first case as a curl command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import requests
+import schemathesis
+from schemathesis.errors import FailureGroup
+
+DEFAULT_SEED = 20261130
+SUITE_EXAMPLES = 25
+REQUEST_TIMEOUT_S = 60.0
+AUTHS = ("admin", "anonymous")
+# Every path left out of the run, with the reason (the schema is filtered by these regexes).
+EXCLUDED_PATHS = {
+    r"^/admin/testing/": "test-only fault-injection routes, mounted only with SERVEDECK_TESTING=1",
+}
+# Limits of the run itself, not exclusions: reported with the summary.
+NOT_CHECKED = {
+    "SSE event bodies": "schemathesis validates JSON bodies; a text/event-stream answer is checked "
+    "for status and content type only (tests/control/test_completions.py checks the events)",
+    "max_response_time": "no limit set: timing on a shared 2-core machine is noise",
+}
+ENV_EXAMPLES = "SERVEDECK_FUZZ_EXAMPLES"
+ENV_SEED = "SERVEDECK_FUZZ_SEED"
+ENV_OUT = "SERVEDECK_FUZZ_OUT"
+TEST_PATH = Path(__file__).resolve().parent.parent / "tests" / "control" / "test_fuzz.py"
+
+
+def fuzz_config(seed: int = DEFAULT_SEED, examples: int = SUITE_EXAMPLES) -> schemathesis.Config:
+    """All checks (schemathesis' default), both generation modes, no example database."""
+    return schemathesis.Config.from_dict(
+        {
+            "seed": seed,
+            "request-timeout": REQUEST_TIMEOUT_S,
+            "generation": {"mode": "all", "max-examples": examples, "database": "none"},
+            # Field names like max_tokens would be masked as secrets; the recorder itself
+            # replaces the admin token wherever it appears.
+            "output": {"sanitization": {"enabled": False}},
+        }
+    )
+
+
+def load_schema(url: str, config: schemathesis.Config) -> schemathesis.BaseSchema:
+    """The live ``/openapi.json`` of ``url``, less ``EXCLUDED_PATHS``."""
+    schema = schemathesis.openapi.from_url(f"{url}/openapi.json", config=config)
+    for pattern in EXCLUDED_PATHS:
+        schema = schema.exclude(path_regex=pattern)
+    return schema
+
+
+@dataclass(slots=True)
+class FuzzFailure:
+    """One distinct failure: the check that failed, on which operation, with which credentials."""
+
+    operation: str
+    auth: str
+    check: str
+    title: str
+    status_code: int | None
+    message: str
+    response: str
+    example: str
+    cases: int = 1
+
+
+@dataclass(slots=True)
+class FuzzSummary:
+    seed: int
+    examples_per_operation: int
+    operations: list[str] = field(default_factory=list)
+    excluded: dict[str, str] = field(default_factory=lambda: dict(EXCLUDED_PATHS))
+    not_checked: dict[str, str] = field(default_factory=lambda: dict(NOT_CHECKED))
+    cases: int = 0
+    cases_by_phase: dict[str, int] = field(default_factory=dict)
+    cases_by_operation: dict[str, int] = field(default_factory=dict)
+    status_codes: dict[str, int] = field(default_factory=dict)
+    failing_cases: int = 0
+    failures_by_check: dict[str, int] = field(default_factory=dict)
+    failures: list[FuzzFailure] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """The distinct failures, one paragraph each, for a test's assertion message."""
+        return "\n\n".join(
+            f"{f.operation} [{f.auth}] {f.check}: {f.title} (status {f.status_code}, "
+            f"{f.cases} cases)\n  {f.message[:400]}\n  answer: {f.response}\n  {f.example[:600]}"
+            for f in self.failures
+        )
+
+
+class FuzzRecorder:
+    """Sends each case, runs every enabled check on the answer and books the outcome."""
+
+    def __init__(self, url: str, token: str, summary: FuzzSummary) -> None:
+        self.url = url
+        self.token = token
+        self.summary = summary
+        self.session = requests.Session()
+        self.session.hooks["response"].append(self._on_response)
+        self._answers: list[requests.Response] = []
+        self._distinct: dict[tuple[str, str, str, str], FuzzFailure] = {}
+        self._counters: dict[str, Counter[str]] = {
+            name: Counter() for name in ("phase", "operation", "status", "check")
+        }
+
+    def _on_response(self, response: requests.Response, *args: object, **kwargs: object) -> None:
+        self._answers.append(response)
+
+    def send(self, case: schemathesis.Case, auth: str) -> None:
+        """Send ``case`` with (``admin``) or without (``anonymous``) the token; never raises
+        for a failed check, it books it."""
+        label = case.operation.label
+        self._answers.clear()
+        self.summary.cases += 1
+        self._counters["operation"][f"{label} [{auth}]"] += 1
+        self._counters["phase"][case.meta.phase.name.value if case.meta else "unknown"] += 1
+        headers = {"Authorization": f"Bearer {self.token}"} if auth == "admin" else None
+        try:
+            case.call_and_validate(
+                base_url=self.url, session=self.session, headers=headers, timeout=REQUEST_TIMEOUT_S
+            )
+        except FailureGroup as group:
+            self._book(case, auth, list(group.exceptions))
+        finally:
+            # The first answer is the case's own; checks such as ignored_auth send probes after.
+            if self._answers:
+                self._counters["status"][str(self._answers[0].status_code)] += 1
+
+    def _book(self, case: schemathesis.Case, auth: str, failures: list) -> None:
+        self.summary.failing_cases += 1
+        answer = self._answers[0] if self._answers else None
+        for failure in failures:
+            check = (getattr(failure, "checks", ()) or (type(failure).__name__,))[0]
+            self._counters["check"][check] += 1
+            key = (case.operation.label, auth, check, failure.title)
+            if key in self._distinct:
+                self._distinct[key].cases += 1
+                continue
+            sent = dict(answer.request.headers) if answer is not None else None
+            self._distinct[key] = FuzzFailure(
+                operation=key[0], auth=auth, check=check, title=failure.title,
+                status_code=answer.status_code if answer is not None else None,
+                message=self._redact(failure.message),
+                response=self._redact(answer.text[:300]) if answer is not None else "",
+                example=self._redact(case.as_curl_command(headers=sent)),
+            )  # fmt: skip
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self.token, "<admin-token>") if self.token else text
+
+    def finish(self) -> FuzzSummary:
+        """Fill the summary's tallies from what was booked so far and return it."""
+        counters, summary = self._counters, self.summary
+        summary.operations = sorted({key.rsplit(" [", 1)[0] for key in counters["operation"]})
+        summary.cases_by_phase = dict(sorted(counters["phase"].items()))
+        summary.cases_by_operation = dict(sorted(counters["operation"].items()))
+        summary.status_codes = dict(sorted(counters["status"].items()))
+        summary.failures_by_check = dict(sorted(counters["check"].items()))
+        summary.failures = list(self._distinct.values())
+        return summary
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self.finish()), indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite's fuzz test with ``--examples`` and write its summary to ``--out``."""
+    import pytest
+
+    parser = argparse.ArgumentParser(prog="python -m bench.fuzz", description=__doc__)
+    parser.add_argument(
+        "--examples", type=int, default=200, help="fuzzing-phase cases per operation"
+    )
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/fuzz/fuzz.json"))
+    args = parser.parse_args(argv)
+    os.environ[ENV_EXAMPLES] = str(args.examples)
+    os.environ[ENV_SEED] = str(args.seed)
+    os.environ[ENV_OUT] = str(args.out.resolve())
+    code = pytest.main([str(TEST_PATH), "-q", "-p", "no:cacheprovider", "-W", "ignore"])
+    if args.out.exists():
+        summary = json.loads(args.out.read_text())
+        print(json.dumps({k: v for k, v in summary.items() if k != "failures"}, indent=2))
+    return int(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

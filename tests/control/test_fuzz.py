@@ -1,0 +1,106 @@
+"""Schemathesis against the live server's own OpenAPI schema (issue 11: defect 5, "Fuzzing in the
+suite"): the API holds its schema, for every operation, with and without the admin token.
+
+A real ``servedeck serve`` child (tiny checkpoint, ``--max-model-len 256``, 64 KV blocks, the
+admin token) is fuzzed through schemathesis' pytest integration with the configuration of
+``bench.fuzz.fuzz_config``: every response check (``--checks all``: not_a_server_error,
+status_code_conformance, content_type_conformance, response_schema_conformance,
+response_headers_conformance, positive_data_acceptance, negative_data_rejection,
+missing_required_header, ignored_auth, unsupported_method, use_after_free, ...), schema-valid
+and schema-violating cases, a fixed seed, and up to 25 drawn cases per operation and auth in the
+fuzzing phase (``SERVEDECK_FUZZ_EXAMPLES`` raises it: ``python -m bench.fuzz`` is the longer run)
+plus the deterministic ``examples`` and ``coverage`` phases (boundary values, wrong types,
+missing fields: the cases that found defect 5). Each case is booked, never raised, so one run
+lists every distinct failure; ``test_fuzz_found_no_failures`` then asserts there is none.
+
+Left out, on purpose (``bench.fuzz.EXCLUDED_PATHS`` / ``NOT_CHECKED``):
+- ``/admin/testing/*``: test-only fault-injection routes, mounted only with
+  ``SERVEDECK_TESTING=1``; this server runs without them, and the schema is filtered anyway.
+- SSE event bodies: schemathesis validates JSON bodies; a ``text/event-stream`` answer is checked
+  for its status and content type only (tests/control/test_completions.py checks the events).
+- ``max_response_time``: no limit set (timing on a shared 2-core machine is noise).
+The three tests run in file order and share one server and one recorder (module fixtures).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import schemathesis
+
+from bench.fuzz import (
+    AUTHS,
+    DEFAULT_SEED,
+    ENV_EXAMPLES,
+    ENV_OUT,
+    ENV_SEED,
+    SUITE_EXAMPLES,
+    FuzzRecorder,
+    FuzzSummary,
+    fuzz_config,
+    load_schema,
+)
+from tests.control.support import TOKEN, ServerProcess
+
+EXAMPLES = int(os.environ.get(ENV_EXAMPLES, SUITE_EXAMPLES))
+SEED = int(os.environ.get(ENV_SEED, DEFAULT_SEED))
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    server = ServerProcess(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("fuzz-server"),
+        ["--admin-token", TOKEN, "--max-model-len", "256", "--num-kv-blocks", "64"],
+        {},
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def api_schema(fuzz_server: ServerProcess) -> schemathesis.BaseSchema:
+    return load_schema(fuzz_server.url, fuzz_config(SEED, EXAMPLES))
+
+
+@pytest.fixture(scope="module")
+def recorder(fuzz_server: ServerProcess) -> FuzzRecorder:
+    return FuzzRecorder(fuzz_server.url, TOKEN, FuzzSummary(SEED, EXAMPLES))
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
+
+
+@schema.parametrize()
+def test_fuzz_with_admin_token(case: schemathesis.Case, recorder: FuzzRecorder) -> None:
+    recorder.send(case, "admin")
+
+
+@schema.parametrize()
+def test_fuzz_without_token(case: schemathesis.Case, recorder: FuzzRecorder) -> None:
+    recorder.send(case, "anonymous")
+
+
+def test_fuzz_found_no_failures(
+    recorder: FuzzRecorder, api_schema: schemathesis.BaseSchema, fuzz_server: ServerProcess
+) -> None:
+    summary = recorder.finish()
+    if out := os.environ.get(ENV_OUT):
+        recorder.write(Path(out))
+    live = sorted(result.ok().label for result in api_schema.get_all_operations())
+    wanted = [f"{label} [{auth}]" for label in live for auth in AUTHS]
+    missing = [key for key in wanted if key not in summary.cases_by_operation]
+    assert not missing, f"operations never fuzzed (run the whole module): {missing}"
+    assert fuzz_server.proc is not None and fuzz_server.proc.poll() is None, "server died"
+    assert httpx.get(f"{fuzz_server.url}/health", timeout=10).status_code == 200
+    assert not summary.failures, (
+        f"{len(summary.failures)} distinct failures in {summary.failing_cases} of "
+        f"{summary.cases} cases ({summary.failures_by_check}):\n\n{summary.describe()}"
+    )
