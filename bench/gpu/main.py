@@ -11,7 +11,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.gpu import __doc__ as package_doc
 from bench.gpu.report import Report
 from bench.gpu.shapes import CPU_SMOKE, GPU, SWEEP_BUDGET_S, TOTAL_BUDGET_S
 
@@ -20,7 +19,9 @@ DEFAULT_OUT = ROOT / "bench" / "results" / "gpu_check.json"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(package_doc or "").split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description="One-shot GPU check of the Triton paged-KV kernels and the engine (docs/gpu.md)"
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument(
         "--cpu-smoke",
