@@ -21,7 +21,7 @@ from tui.app import ConsoleApp
 from tui.config import ConsoleSettings
 
 SERVE = Path(sys.executable).parent / "servedeck"
-ADMIN_TOKEN = "T"
+ADMIN_TOKEN = "tui-test-admin-token-7c2e"  # the server refuses tokens under 16 chars
 
 
 async def wait_for(
