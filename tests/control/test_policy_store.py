@@ -122,7 +122,11 @@ def test_change_is_stored_as_a_new_version_and_applied(
     assert view["sources"]["policy.params.max_batch_size"] == "stored"
     assert view["sources"]["policy.params.length_window"] == "default"
     assert view["sources"]["memory_reserve"] == "default"
-    assert view["effective_params"] == {"max_batch_size": 16, "length_window": 128}
+    assert view["effective_params"] == {
+        "max_batch_size": 16,
+        "length_window": 128,
+        "max_wait_s": None,
+    }
     snap = state(http)
     assert snap["version"] == 2
     assert snap["scheduler"]["policy"] == "dynamic"
