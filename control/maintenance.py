@@ -3,7 +3,9 @@
 
 The job only asks the engine for a sweep (``LLMEngine.reclaim()``, run by the engine loop at a
 step boundary: leaked blocks freed, then the memory-reserve guard) and waits for the answer.
-Every run, scheduled or manual, is recorded in the database and in the metrics.
+Every run, scheduled or manual, is recorded in the database and in the metrics. The same
+scheduler runs the runtime's small checker jobs (``add_job``: the policy reconcile, the stall
+watchdog).
 """
 
 from __future__ import annotations
@@ -79,6 +81,19 @@ class Maintenance:
         )
         self._scheduler.start()
         self._reference = self._clock()
+
+    def add_job(self, job_id: str, name: str, func: Callable[[], None], interval_s: float) -> None:
+        """A light periodic job beside the sweep: one run at a time, missed runs coalesced."""
+        self._scheduler.add_job(
+            func,
+            IntervalTrigger(seconds=interval_s),
+            id=job_id,
+            name=name,
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=max(1, int(interval_s)),
+            replace_existing=True,
+        )
 
     def shutdown(self) -> None:
         if self._scheduler.running:
@@ -158,6 +173,11 @@ class Maintenance:
             log.exception("could not record a maintenance run")
 
     def _on_event(self, event: JobEvent) -> None:
+        if event.job_id != JOB_ID:
+            if event.code == EVENT_JOB_ERROR:
+                assert isinstance(event, JobExecutionEvent)
+                log.error("job %s failed: %r", event.job_id, event.exception)
+            return
         if event.code == EVENT_JOB_ERROR:
             assert isinstance(event, JobExecutionEvent)
             log.error("reclaim sweep failed: %r", event.exception)

@@ -19,7 +19,15 @@ from engine.outputs import RequestOutput
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 RECLAIM_OUTCOMES = ("ok", "error", "missed", "skipped")
-POLICY_UPDATE_RESULTS = ("applied", "dry_run", "invalid", "conflict", "not_found")
+POLICY_UPDATE_RESULTS = (
+    "applied",
+    "pending",
+    "failed",
+    "dry_run",
+    "invalid",
+    "conflict",
+    "not_found",
+)
 KV_STATES = ("free", "used", "cached")
 REFUSAL_REASONS = (
     "invalid",
@@ -122,6 +130,11 @@ class ControlMetrics:
             ["policy", "version"],
             registry=r,
         )
+        self.engine_stalls = Counter(
+            "servedeck_engine_stalls",
+            "Times the engine loop had work but made no progress for stall_timeout_s.",
+            registry=r,
+        )
         self.requests_refused = Counter(
             "servedeck_requests_refused",
             "Requests to /v1 refused, by reason.",
@@ -165,6 +178,9 @@ class ControlMetrics:
 
     def count_policy_update(self, result: str) -> None:
         self.policy_updates.labels(result).inc()
+
+    def count_stall(self) -> None:
+        self.engine_stalls.inc()
 
     def render(self, snapshot: dict[str, Any] | None) -> bytes:
         if snapshot is not None:

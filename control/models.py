@@ -19,6 +19,10 @@ SQLModel.metadata.naming_convention = {
 }
 
 
+SQLITE_INTEGER_MAX = 2**63 - 1
+"""The largest value an SQLite INTEGER holds: bound every number a query takes from a client."""
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -52,6 +56,12 @@ class PolicyVersion(SQLModel, table=True):
     before: dict[str, Any] | None = Field(default=None, sa_type=JSON)
     created_at: datetime = timestamp_field(default_factory=utcnow, index=True)
     rollback_of: int | None = Field(default=None, foreign_key="policy_version.version")
+    state: str = Field(
+        default="pending",
+        description="schemas.VersionState: pending until in force, then applied or failed.",
+    )
+    state_reason: str | None = Field(default=None, description="Why it failed, or is pending.")
+    state_at: datetime | None = timestamp_field(default=None, description="When state was set.")
 
 
 class MaintenanceRun(SQLModel, table=True):

@@ -3,12 +3,15 @@ model has loaded, the runtime (engine loop, policy store, maintenance).
 
 The model loads on a thread after the server started listening, so ``GET /health`` can
 answer 503 meanwhile; everything else that needs the engine waits for ``ctx.runtime``.
+``AppContext.not_ready`` says why ``GET /ready`` is 503 (loading, failed, draining, stalled).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,8 +22,10 @@ from sqlmodel import Session
 from control.core.config import Settings
 from control.maintenance import Maintenance
 from control.metrics import ControlMetrics
-from control.schemas import PolicySettings
+from control.schemas import NotReady, PolicySettings
 from control.store import PolicyStore, seed, with_overrides
+from control.watchdog import JOB_ID as WATCHDOG_JOB_ID
+from control.watchdog import StallWatchdog, check_interval
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
@@ -29,7 +34,20 @@ from policies.registry import validate_params
 
 log = logging.getLogger(__name__)
 
-APPLY_TIMEOUT_S = 30.0
+RECONCILE_JOB_ID = "policy_reconcile"
+RECONCILE_INTERVAL_S = 2.0
+RECONCILE_ATTEMPT_S = 1.0
+"""Each retry of a pending version waits this long for the engine, holding the store lock."""
+DRAIN_POLL_S = 0.05
+
+
+@dataclass
+class _Pending:
+    """A version handed to the engine and not yet confirmed: a retry waits on the same
+    commands instead of sending them again."""
+
+    version: int
+    futures: list[Future]
 
 
 class Runtime:
@@ -40,33 +58,76 @@ class Runtime:
         maintenance: Maintenance,
         metrics: ControlMetrics,
         version: int,
+        in_force: PolicySettings,
+        apply_timeout_s: float,
+        watchdog: StallWatchdog,
     ) -> None:
         self.model_name = model_name
         self.engine = engine
         self.maintenance = maintenance
         self.metrics = metrics
         self.version = version
+        """The version in force (a newer one may still be pending)."""
+        self.in_force = in_force
+        self.apply_timeout_s = apply_timeout_s
+        self.watchdog = watchdog
         self.created = int(time.time())
         self.store: PolicyStore  # set by load_runtime: the store applies through this runtime
+        self._apply_lock = threading.Lock()
+        self._pending: _Pending | None = None
 
     @property
     def llm_engine(self) -> LLMEngine:
         return self.engine.engine
 
-    def apply(self, before: PolicySettings, after: PolicySettings, version: int) -> None:
+    def apply(self, settings: PolicySettings, version: int, timeout: float | None = None) -> None:
         """Put a stored version into force: policy and reserve at the next step boundary,
-        the sweep rescheduled, the metrics relabelled."""
-        futures = []
-        if after.policy != before.policy:
-            futures.append(self.llm_engine.set_policy(after.policy))
-        if after.memory_reserve != before.memory_reserve:
-            futures.append(self.llm_engine.set_memory_reserve(after.memory_reserve))
-        for future in futures:
-            future.result(APPLY_TIMEOUT_S)
-        self.maintenance.reschedule(after.reclaim_interval_s)
+        the sweep rescheduled, the metrics relabelled. ``TimeoutError`` when the engine has
+        not taken it within ``timeout`` (default ``apply_timeout_s``): the commands stay
+        queued and a retry of the same version waits on them."""
+        timeout = self.apply_timeout_s if timeout is None else timeout
+        with self._apply_lock:
+            pending = self._pending
+            if pending is None or pending.version != version:
+                self._pending = None
+                pending = self._pending = _Pending(version, self._submit(settings))
+            deadline = time.monotonic() + timeout
+            try:
+                for future in pending.futures:
+                    future.result(max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise
+            except BaseException:
+                self._pending = None
+                raise
+            self._pending = None
+            self.in_force = settings
+        self.maintenance.reschedule(settings.reclaim_interval_s)
         self.version = version
-        self.metrics.set_policy(after.policy.name, version)
-        log.info("policy version %d in force: %s", version, after.model_dump_json())
+        self.metrics.set_policy(settings.policy.name, version)
+        log.info("policy version %d in force: %s", version, settings.model_dump_json())
+
+    def _submit(self, settings: PolicySettings) -> list[Future]:
+        futures: list[Future] = []
+        if settings.policy != self.in_force.policy:
+            futures.append(self.llm_engine.set_policy(settings.policy))
+        if settings.memory_reserve != self.in_force.memory_reserve:
+            futures.append(self.llm_engine.set_memory_reserve(settings.memory_reserve))
+        return futures
+
+    def reconcile(self, db: Engine) -> None:
+        """The maintenance job: retry the newest version while it is pending."""
+        with Session(db) as session:
+            self.store.reconcile(session, RECONCILE_ATTEMPT_S)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Until the engine holds no request (True) or ``timeout`` passed (False)."""
+        deadline = time.monotonic() + timeout
+        while self.llm_engine.has_unfinished_requests():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(DRAIN_POLL_S)
+        return True
 
     def close(self) -> None:
         self.maintenance.shutdown()
@@ -81,6 +142,8 @@ class AppContext:
     metrics: ControlMetrics = field(default_factory=ControlMetrics)
     runtime: Runtime | None = None
     load_error: str | None = None
+    draining: threading.Event = field(default_factory=threading.Event)
+    """Set on SIGTERM: /ready is 503 and new requests are refused while in-flight ones end."""
 
     def load(self) -> None:
         """Load the model and start everything that needs it (runs on a loader thread)."""
@@ -90,10 +153,44 @@ class AppContext:
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.exception("could not start the engine")
 
+    def not_ready(self) -> NotReady | None:
+        """Why the server should get no new traffic now; None when it is ready."""
+        runtime = self.runtime
+        if self.draining.is_set():
+            return NotReady(reason="draining", detail="shutting down: in-flight requests finish")
+        if runtime is None and self.load_error is None:
+            return NotReady(reason="loading", detail="the model is still loading")
+        if runtime is None or not runtime.engine.is_running:
+            return NotReady(reason="failed", detail=self.load_error or "the engine loop stopped")
+        if (stall := runtime.watchdog.stall) is not None:
+            return NotReady(reason="stalled", detail=stall)
+        return None
+
+    def drain(self, timeout: float) -> bool:
+        """Refuse new work, then wait up to ``timeout`` for the requests in flight."""
+        self.draining.set()
+        if self.runtime is None:
+            return True
+        log.info("draining: waiting up to %.0f s for the requests in flight", timeout)
+        drained = self.runtime.wait_idle(timeout)
+        if not drained:
+            log.warning("drain timeout: requests still in flight are cut off")
+        return drained
+
     def close(self) -> None:
         if self.runtime is not None:
             self.runtime.close()
+        checkpoint(self.db)
         self.db.dispose()
+
+
+def checkpoint(db: Engine) -> None:
+    """Fold the WAL back into the database file, so a closed database is one clean file."""
+    try:
+        with db.connect() as connection:
+            connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    except Exception:
+        log.exception("WAL checkpoint at shutdown failed")
 
 
 def overrides_of(settings: Settings) -> dict[str, Any]:
@@ -129,21 +226,47 @@ def load_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Run
     )
     log.info("loading %s", model_dir)
     llm_engine = LLMEngine.from_config(config)
-    spec = in_force.policy
+    spec, refused = in_force.policy, None
     try:
         validate_params(spec, llm_engine.limits)
     except ValidationError as exc:
         log.error("stored %s params do not fit this engine, using defaults: %s", spec.name, exc)
+        refused = f"the params do not fit this engine (its defaults run instead): {exc}"
         spec = PolicySpec(name=spec.name)
     llm_engine.set_policy(spec).result()  # this thread owns the engine until the loop starts
+    in_force.policy = spec
     engine = AsyncEngine(llm_engine, on_finished=metrics.observe_finished)
     maintenance = Maintenance(
         llm_engine, db, metrics, in_force.reclaim_interval_s, settings.maintenance_retention
     )
+    watchdog = StallWatchdog(engine, metrics, settings.stall_timeout_s)
     runtime = Runtime(
-        settings.served_model_name or model_dir.name, engine, maintenance, metrics, row.version
+        settings.served_model_name or model_dir.name,
+        engine,
+        maintenance,
+        metrics,
+        row.version,
+        in_force,
+        settings.policy_apply_timeout_s,
+        watchdog,
     )
     runtime.store = PolicyStore(llm_engine.limits, runtime.apply, metrics, overrides)
+    state = "failed" if refused else "applied"
+    if (row.state, row.state_reason) != (state, refused):  # the newest version is in force now
+        with Session(db) as session:
+            runtime.store.mark(session, row.version, state, refused)
+    maintenance.add_job(
+        RECONCILE_JOB_ID,
+        "retry the pending policy version",
+        lambda: runtime.reconcile(db),
+        RECONCILE_INTERVAL_S,
+    )
+    maintenance.add_job(
+        WATCHDOG_JOB_ID,
+        "engine stall watchdog",
+        watchdog.check,
+        check_interval(settings.stall_timeout_s),
+    )
     engine.start()
     maintenance.start()
     metrics.set_policy(spec.name, row.version)

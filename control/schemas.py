@@ -178,7 +178,51 @@ class HealthLoading(BaseModel):
     status: Literal["loading", "failed"] = "loading"
 
 
+NotReadyReason = Literal["loading", "failed", "draining", "stalled"]
+
+
+class Ready(BaseModel):
+    status: Literal["ready"] = "ready"
+
+
+class NotReady(BaseModel):
+    """``GET /ready`` while the server should get no new traffic."""
+
+    status: Literal["not_ready"] = "not_ready"
+    reason: NotReadyReason
+    detail: str = Field(description="What the reason means right now, for a person.")
+
+
 # -- policy ----------------------------------------------------------------------------------
+
+VersionState = Literal["pending", "applied", "failed"]
+REASON_PATTERN = r"\S"
+"""A reason holds at least one character that is not white space (JSON schema ``pattern``
+matches anywhere in the string, as pydantic's does)."""
+
+
+class AdminError(BaseModel):
+    """Every admin refusal but 422: ``{"detail": "message"}``."""
+
+    detail: str
+
+
+ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": AdminError, "description": "No bearer token (WWW-Authenticate: Bearer)."},
+    403: {"model": AdminError, "description": "The bearer token is not this server's."},
+    503: {"model": AdminError, "description": "Loading, shutting down, or the engine is slow."},
+}
+"""What every admin route may answer besides its own codes (422 FastAPI declares itself)."""
+NOT_FOUND = {404: {"model": AdminError, "description": "No such policy version."}}
+CONFLICT = {409: {"model": AdminError, "description": "If-Match names an older version."}}
+
+
+class VersionStatus(BaseModel):
+    state: VersionState = Field(
+        description="pending: stored, not yet in force (retried); applied; failed (see reason)."
+    )
+    state_reason: str | None = Field(None, description="Why it failed or is still pending.")
+    state_at: datetime | None = Field(None, description="When the state was reached.")
 
 
 class PolicySettings(BaseModel):
@@ -199,6 +243,7 @@ class PolicyView(BaseModel):
     actor: str
     reason: str
     created_at: datetime
+    status: VersionStatus
 
 
 class PolicyUpdate(BaseModel):
@@ -207,14 +252,17 @@ class PolicyUpdate(BaseModel):
     policy: PolicySpec | None = Field(None, description="A full spec: its params replace all.")
     memory_reserve: float | None = memory_reserve_field(None)
     reclaim_interval_s: float | None = reclaim_interval_field(None)
-    reason: str = Field(description="Why: required, non-empty.")
+    reason: str = Field(
+        min_length=1, pattern=REASON_PATTERN, description="Why: required, not blank."
+    )
 
-    @field_validator("reason")
+    @field_validator("reason", mode="before")
     @classmethod
-    def _reason_not_blank(cls, value: str) -> str:
-        if not value.strip():
+    def _reason_not_blank(cls, value: Any) -> Any:
+        # Before the constraints, so a blank reason gets this message, not the pattern's.
+        if isinstance(value, str) and not value.strip():
             raise ValueError("reason must not be empty: say why the policy changes")
-        return value.strip()
+        return value.strip() if isinstance(value, str) else value
 
 
 class FieldChange(BaseModel):
@@ -231,12 +279,15 @@ class PolicyUpdateResult(BaseModel):
     )
     diff: list[FieldChange]
     settings: PolicySettings
+    status: VersionStatus | None = Field(
+        None, description="The stored version's state (null for a dry run)."
+    )
 
 
 class RollbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    reason: str | None = None
+    reason: str | None = Field(None, description='Why; null, "" or blank: "rollback to version N".')
 
 
 class PolicyVersionPublic(BaseModel):
@@ -248,6 +299,7 @@ class PolicyVersionPublic(BaseModel):
     after: PolicySettings
     created_at: datetime
     rollback_of: int | None
+    status: VersionStatus
 
 
 class PolicyHistory(BaseModel):
@@ -398,4 +450,11 @@ class LeakResult(BaseModel):
     request_id: str
     leaked: bool
     blocks: int = Field(description="Blocks the request held just before it was dropped.")
+    at: datetime
+
+
+class StallResult(BaseModel):
+    """Test-only: the engine loop is blocked for ``seconds`` from ``at``."""
+
+    seconds: float
     at: datetime

@@ -1,4 +1,10 @@
-"""Build the FastAPI app and run it under uvicorn: one process, one worker, one engine."""
+"""Build the FastAPI app and run it under uvicorn: one process, one worker, one engine.
+
+Shutdown is graceful: the first SIGTERM or SIGINT turns ``/ready`` 503 and refuses new
+requests while the listener stays open (so the orchestrator sees the drain), the requests in
+flight finish for up to ``drain_timeout_s``, then uvicorn stops and the database is closed
+with its WAL checkpointed. A second signal stops at once.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,13 @@ import contextlib
 import logging
 import os
 import secrets
+import signal
+import stat
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
@@ -25,6 +35,12 @@ from control.runtime import AppContext
 log = logging.getLogger(__name__)
 
 GRACEFUL_SHUTDOWN_S = 5
+"""After the drain: how long uvicorn lets open responses end before it cancels them."""
+MIN_ADMIN_TOKEN_LEN = 16
+
+
+class AdminTokenError(ValueError):
+    """An admin token the server refuses to start with (the message never holds the token)."""
 
 
 def create_app(
@@ -78,14 +94,18 @@ def token_file(db_path: Path) -> Path:
 
 
 def resolve_admin_token(settings: Settings) -> str:
-    """``--admin-token`` / ``SERVEDECK_ADMIN_TOKEN``, else the token file beside the database,
-    else a new token: printed once and written to that file, readable by its owner only."""
+    """``--admin-token`` / ``SERVEDECK_ADMIN_TOKEN``, else ``--admin-token-file`` /
+    ``SERVEDECK_ADMIN_TOKEN_FILE``, else the token file beside the database, else a new
+    token: printed once and written to that file, readable by its owner only. A token
+    shorter than 16 characters is refused (``AdminTokenError``)."""
     if settings.admin_token is not None:
-        return settings.admin_token.get_secret_value()
+        return checked_token(settings.admin_token.get_secret_value(), "--admin-token")
+    if settings.admin_token_file is not None:
+        return read_token_file(settings.admin_token_file)
     path = token_file(settings.db_path())
     if path.is_file():
         print(f"admin token: read from {path}", flush=True)
-        return path.read_text().strip()
+        return read_token_file(path)
     token = secrets.token_urlsafe(32)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -95,16 +115,79 @@ def resolve_admin_token(settings: Settings) -> str:
     return token
 
 
+def checked_token(token: str, source: str) -> str:
+    if not token:
+        raise AdminTokenError(f"the admin token from {source} is empty")
+    if len(token) < MIN_ADMIN_TOKEN_LEN:
+        raise AdminTokenError(
+            f"the admin token from {source} is shorter than {MIN_ADMIN_TOKEN_LEN} characters"
+        )
+    return token
+
+
+def read_token_file(path: Path) -> str:
+    try:
+        token = path.read_text().strip()
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError as exc:
+        raise AdminTokenError(f"cannot read the admin token file {path}: {exc.strerror}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning(
+            "the admin token file %s is open to group or others (mode %o): chmod 600 it",
+            path,
+            mode,
+        )
+    return checked_token(token, str(path))
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, but the first SIGTERM/SIGINT drains before the listener closes."""
+
+    def __init__(self, config: uvicorn.Config, drain: Callable[[], object]) -> None:
+        super().__init__(config)
+        self._drain = drain
+        self._draining = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._draining or self.should_exit:
+            super().handle_exit(sig, frame)  # a second signal: stop now
+            return
+        self._draining = True
+        name = signal.Signals(sig).name
+        drainer = threading.Thread(
+            target=self._drain_then_exit, args=(name,), name="servedeck-drain", daemon=True
+        )
+        drainer.start()
+
+    def _drain_then_exit(self, signal_name: str) -> None:
+        log.info("%s: draining before shutdown", signal_name)
+        try:
+            self._drain()
+        finally:
+            self.should_exit = True
+
+
 def serve(settings: Settings) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    token = resolve_admin_token(settings)
+    # Not a line per run of the every-second jobs; failures still come through our listener.
+    logging.getLogger("apscheduler.executors").setLevel(logging.WARNING)
+    try:
+        token = resolve_admin_token(settings)
+    except AdminTokenError as exc:
+        print(f"servedeck serve: {exc}", file=sys.stderr)
+        return 2
     server: uvicorn.Server | None = None
 
     def stop() -> None:
         if server is not None:
             server.should_exit = True
+
+    def drain() -> None:
+        ctx = getattr(app.state, "ctx", None)
+        if ctx is not None:
+            ctx.drain(settings.drain_timeout_s)
 
     app = create_app(settings, token, on_load_failure=stop)
     config = uvicorn.Config(
@@ -115,8 +198,8 @@ def serve(settings: Settings) -> int:
         log_level=settings.log_level,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
-    server = uvicorn.Server(config)
-    with contextlib.suppress(KeyboardInterrupt):  # re-raised by uvicorn after a clean stop
+    server = DrainingServer(config, drain)
+    with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C, re-raised by uvicorn
         server.run()
     ctx = getattr(app.state, "ctx", None)
     return 1 if ctx is None or ctx.load_error is not None else 0

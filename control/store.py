@@ -1,21 +1,26 @@
 """The policy store: versioned settings in SQLite, what is in force, and where each value
 came from.
 
-Every change is a new ``PolicyVersion`` row; the newest row is the active version and is
-re-applied at start-up. Start-up flags (``--policy`` and friends) are *overrides*: they win
-for this process without being stored, until the next change stores the settings in force
-(overrides included) as a new version. Writes may carry the version they were based on and
-fail with a conflict when it moved on; a dry run validates and diffs without storing.
+Every change is a new ``PolicyVersion`` row; the newest row is the desired version and is
+re-applied at start-up. Each version is stored ``pending`` and committed before the engine is
+asked to take it, then marked ``applied`` or ``failed`` (with the reason); a version the engine
+has not taken within the timeout stays ``pending`` and ``reconcile`` retries the newest one
+until it is in force, so a stored change is never answered as a failure.
+
+Start-up flags (``--policy`` and friends) are *overrides*: they win for this process without
+being stored, until the next change stores the settings in force (overrides included) as a new
+version. Writes may carry the version they were based on and fail with a conflict when it moved
+on; a dry run validates and diffs without storing.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
-from sqlmodel import Session, col, func, select
+from sqlmodel import Session, col, func, select, update
 
 from control.metrics import ControlMetrics
 from control.models import PolicyVersion, as_utc, utcnow
@@ -28,6 +33,8 @@ from control.schemas import (
     PolicyVersionPublic,
     PolicyView,
     Source,
+    VersionState,
+    VersionStatus,
 )
 from engine.config import EngineLimits
 from policies.base import PolicySpec
@@ -39,8 +46,16 @@ DEFAULT_SETTINGS = PolicySettings(
 TOP_LEVEL = ("policy.name", "memory_reserve", "reclaim_interval_s")
 SEED_ACTOR = "servedeck"
 
-Apply = Callable[[PolicySettings, PolicySettings, int], None]
-"""``apply(before, after, version)``: put settings into force (engine, scheduler, metrics)."""
+log = logging.getLogger(__name__)
+
+
+class Apply(Protocol):
+    def __call__(
+        self, settings: PolicySettings, version: int, timeout: float | None = None
+    ) -> None:
+        """Put settings into force (engine, scheduler, metrics). Raises ``TimeoutError`` when
+        the engine has not taken them within ``timeout`` (the version stays pending and is
+        retried), any other exception when it refused them (the version failed)."""
 
 
 class SettingsInvalid(ValueError):
@@ -100,6 +115,7 @@ class PolicyStore:
             actor=row.actor,
             reason=row.reason,
             created_at=as_utc(row.created_at),
+            status=status_of(row),
         )
 
     def effective_params(self, spec: PolicySpec) -> dict[str, Any]:
@@ -209,6 +225,7 @@ class PolicyStore:
                     version=row.version,
                     diff=diff(before, after),
                     settings=after,
+                    status=None,
                 )
             return self._store(session, row, before, after, explicit, actor, update.reason, None)
 
@@ -257,17 +274,74 @@ class PolicyStore:
     ) -> PolicyUpdateResult:
         new = _row(row.version + 1, after, sorted(explicit), actor, reason, before, rollback_of)
         session.add(new)
-        session.commit()
+        session.commit()  # stored (pending) before the engine is asked: the change is kept
         self._overrides.clear()
-        self._apply(before, after, new.version)
-        self._metrics.count_policy_update("applied")
+        status = self._put_in_force(session, new, after)
+        self._metrics.count_policy_update(status.state)
         return PolicyUpdateResult(
             dry_run=False,
-            applied=True,
+            applied=status.state == "applied",
             version=new.version,
             diff=diff(before, after),
             settings=after,
+            status=status,
         )
+
+    # -- putting versions into force -------------------------------------------------------
+
+    def _put_in_force(
+        self,
+        session: Session,
+        row: PolicyVersion,
+        settings: PolicySettings,
+        timeout: float | None = None,
+    ) -> VersionStatus:
+        try:
+            self._apply(settings, row.version, timeout)
+        except TimeoutError:
+            reason = "the engine has not taken it yet; retried until it is in force"
+            return self.mark(session, row.version, "pending", reason)
+        except Exception as exc:
+            log.exception("policy version %d could not be put into force", row.version)
+            return self.mark(session, row.version, "failed", f"{type(exc).__name__}: {exc}")
+        return self.mark(session, row.version, "applied")
+
+    def reconcile(self, session: Session, timeout: float | None = None) -> VersionStatus | None:
+        """Retry the newest version while it is pending (a maintenance job calls this, each
+        attempt bounded by ``timeout``); its status, or None when there was nothing to do."""
+        with self._lock:
+            row = _newest(session)
+            if row is None or row.state != "pending":
+                return None
+            status = self._put_in_force(session, row, self.effective(row), timeout)
+        if status.state != "pending":
+            log.info("policy version %d %s on retry", row.version, status.state)
+        return status
+
+    def mark(
+        self, session: Session, version: int, state: VersionState, reason: str | None = None
+    ) -> VersionStatus:
+        """Record a version's state; once one is applied, older versions still pending were
+        superseded before they were in force and are marked failed."""
+        now = utcnow()
+        session.exec(
+            update(PolicyVersion)
+            .where(col(PolicyVersion.version) == version)
+            .values(state=state, state_reason=reason, state_at=now)
+        )
+        if state == "applied":
+            session.exec(
+                update(PolicyVersion)
+                .where(col(PolicyVersion.version) < version, PolicyVersion.state == "pending")
+                .values(
+                    state="failed",
+                    state_reason=f"superseded by version {version} before it was in force",
+                    state_at=now,
+                )
+            )
+        session.commit()
+        session.expire_all()
+        return VersionStatus(state=state, state_reason=reason, state_at=now)
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -305,6 +379,11 @@ def settings_of(row: PolicyVersion) -> PolicySettings:
     )
 
 
+def status_of(row: PolicyVersion) -> VersionStatus:
+    at = as_utc(row.state_at) if row.state_at is not None else None
+    return VersionStatus(state=row.state, state_reason=row.state_reason, state_at=at)  # type: ignore[arg-type]
+
+
 def public(row: PolicyVersion) -> PolicyVersionPublic:
     settings = settings_of(row)
     return PolicyVersionPublic(
@@ -316,6 +395,7 @@ def public(row: PolicyVersion) -> PolicyVersionPublic:
         after=settings,
         created_at=as_utc(row.created_at),
         rollback_of=row.rollback_of,
+        status=status_of(row),
     )
 
 

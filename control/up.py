@@ -13,7 +13,7 @@ import time
 import httpx
 
 from control.core.config import Settings
-from control.server import resolve_admin_token
+from control.server import AdminTokenError, resolve_admin_token
 
 NOT_FORWARDED = {"command", "func", "no_console", "admin_token"}
 STARTUP_TIMEOUT_S = 600.0
@@ -35,25 +35,26 @@ def client_url(settings: Settings) -> str:
     return f"http://{host}:{settings.port}"
 
 
-def wait_healthy(url: str, child: subprocess.Popen, timeout: float = STARTUP_TIMEOUT_S) -> None:
+def wait_ready(url: str, child: subprocess.Popen, timeout: float = STARTUP_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if child.poll() is not None:
             raise RuntimeError(f"the server exited with status {child.returncode}")
         try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+            if httpx.get(f"{url}/ready", timeout=2.0).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         time.sleep(0.2)
-    raise TimeoutError(f"the server at {url} was not healthy after {timeout:.0f} s")
+    raise TimeoutError(f"the server at {url} was not ready after {timeout:.0f} s")
 
 
-def stop(child: subprocess.Popen) -> int:
+def stop(child: subprocess.Popen, drain_timeout_s: float = 0.0) -> int:
+    """SIGINT: the server drains (up to ``drain_timeout_s``) and stops; killed if it hangs."""
     if child.poll() is None:
         child.send_signal(signal.SIGINT)
         try:
-            child.wait(STOP_TIMEOUT_S)
+            child.wait(drain_timeout_s + STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             child.kill()
     return child.wait()
@@ -75,7 +76,11 @@ def up(settings: Settings, args: argparse.Namespace, console: bool = True) -> in
     # non-interactive shell starts that way).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
-    token = resolve_admin_token(settings)
+    try:
+        token = resolve_admin_token(settings)
+    except AdminTokenError as exc:
+        print(f"servedeck up: {exc}", file=sys.stderr)
+        return 2
     env = {**os.environ, "SERVEDECK_ADMIN_TOKEN": token}  # not on the command line (ps)
     with_console = console and _console_available()
     # The console owns the terminal: the server then logs to a file beside the database.
@@ -94,7 +99,7 @@ def up(settings: Settings, args: argparse.Namespace, console: bool = True) -> in
     try:
         if log is not None:
             print(f"starting the server at {url} (log: {log_path}) ...", flush=True)
-        wait_healthy(url, child)
+        wait_ready(url, child)
         print(f"servedeck is serving at {url}", flush=True)
         if with_console:
             from tui.app import run_console
@@ -110,7 +115,7 @@ def up(settings: Settings, args: argparse.Namespace, console: bool = True) -> in
         print(f"servedeck up: {exc}", file=sys.stderr)
         failed = True
     finally:
-        status = stop(child)
+        status = stop(child, settings.drain_timeout_s)
         if log is not None:
             log.close()
     return 1 if failed else status

@@ -27,6 +27,11 @@ ContextDep = Annotated[AppContext, Depends(get_context)]
 
 
 def get_runtime(ctx: ContextDep) -> Runtime:
+    """The loaded runtime; 503 while loading, after a failed load, and while draining (every
+    route that serves or changes something goes through here; /health, /ready and /metrics
+    do not)."""
+    if ctx.draining.is_set():
+        raise HTTPException(503, "the server is shutting down", headers={"Retry-After": "5"})
     if ctx.runtime is None:
         detail = "the model is still loading" if ctx.load_error is None else "the engine failed"
         raise HTTPException(503, detail, headers={"Retry-After": "1"})

@@ -28,6 +28,9 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     db: Path | None = Field(None, description="SQLite file (default: <cache>/servedeck.db).")
     admin_token: SecretStr | None = None
+    admin_token_file: Path | None = Field(
+        None, description="File holding the admin token (keeps it off the command line)."
+    )
     policy: PolicyName | None = None
     memory_reserve: float | None = Field(
         None, ge=MEMORY_RESERVE_BOUNDS[0], le=MEMORY_RESERVE_BOUNDS[1]
@@ -56,6 +59,15 @@ class Settings(BaseSettings):
     num_threads: int | None = Field(None, ge=1)
     maintenance_retention: int = Field(
         1000, ge=10, description="Maintenance runs kept in the database."
+    )
+    drain_timeout_s: float = Field(
+        30.0, ge=0, description="On SIGTERM, how long in-flight requests may take to finish."
+    )
+    stall_timeout_s: float = Field(
+        30.0, gt=0, description="No progress for this long while busy: the engine is stalled."
+    )
+    policy_apply_timeout_s: float = Field(
+        30.0, gt=0, description="How long a policy change waits for the engine (then pending)."
     )
     testing: bool = Field(False, description="Expose test-only routes (never in production).")
     log_level: str = "info"

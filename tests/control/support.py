@@ -64,23 +64,24 @@ class ServerProcess:
             self.proc = subprocess.Popen(
                 argv, cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT
             )
-        self._wait_healthy()
+        self._wait_ready()
 
-    def _wait_healthy(self) -> None:
+    def _wait_ready(self) -> None:
+        """Until ``GET /ready`` answers 200 (model loaded, engine loop running)."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 pytest.fail(f"server exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
             try:
-                response = httpx.get(f"{self.url}/health", timeout=2.0)
+                response = httpx.get(f"{self.url}/ready", timeout=2.0)
             except httpx.TransportError:
                 time.sleep(0.05)
                 continue
             if response.status_code == 200:
                 return
             time.sleep(0.05)
-        pytest.fail(f"server not healthy after {START_TIMEOUT_S} s:\n{self.log()[-4000:]}")
+        pytest.fail(f"server not ready after {START_TIMEOUT_S} s:\n{self.log()[-4000:]}")
 
     def stop(self) -> int:
         proc, self.proc = self.proc, None

@@ -63,8 +63,8 @@ def test_generated_admin_token_is_printed_once_and_kept_owner_only(
 
 
 def test_given_admin_token_wins_and_writes_no_file(tmp_path: Path) -> None:
-    settings = Settings(db=tmp_path / "servedeck.db", admin_token="given")
-    assert resolve_admin_token(settings) == "given"
+    settings = Settings(db=tmp_path / "servedeck.db", admin_token="given-token-of-20ch")
+    assert resolve_admin_token(settings) == "given-token-of-20ch"
     assert not token_file(settings.db_path()).exists()
 
 

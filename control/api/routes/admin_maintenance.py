@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from control.api.deps import AdminDep, RuntimeDep, SessionDep
-from control.schemas import JobsView, ReclaimRun
+from control.schemas import ADMIN_ERRORS, JobsView, ReclaimRun
 
-router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
+router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS)
 
 
 @router.post("/reclaim", response_model=ReclaimRun)

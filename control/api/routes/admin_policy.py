@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 
 from control.api.deps import (
     ActorDep,
@@ -14,7 +14,11 @@ from control.api.deps import (
     SessionDep,
 )
 from control.api.errors import validation_error
+from control.models import SQLITE_INTEGER_MAX
 from control.schemas import (
+    ADMIN_ERRORS,
+    CONFLICT,
+    NOT_FOUND,
     EngineLimitsView,
     PolicyHistory,
     PolicySchema,
@@ -26,7 +30,9 @@ from control.schemas import (
 from control.store import SettingsInvalid
 from policies.registry import params_schemas
 
-router = APIRouter(prefix="/admin/policy", tags=["admin"], dependencies=[AdminDep])
+router = APIRouter(
+    prefix="/admin/policy", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS
+)
 
 
 @router.get("", response_model=PolicyView)
@@ -64,7 +70,7 @@ async def checked_update(request: Request, runtime: RuntimeDep) -> PolicyUpdate:
         raise validation_error(exc, "body") from None
 
 
-@router.put("", response_model=PolicyUpdateResult)
+@router.put("", response_model=PolicyUpdateResult, responses=CONFLICT)
 def put_policy(
     update: Annotated[PolicyUpdate, Depends(checked_update)],
     body: PolicyUpdate,  # checked above; declared so the OpenAPI schema shows the body
@@ -87,15 +93,17 @@ def put_policy(
 def get_history(
     runtime: RuntimeDep,
     session: SessionDep,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=SQLITE_INTEGER_MAX)] = 0,
     limit: Annotated[int, Query(ge=1, le=200)] = 20,
 ) -> PolicyHistory:
     return runtime.store.history(session, offset, limit)
 
 
-@router.post("/rollback/{version}", response_model=PolicyUpdateResult)
+@router.post(
+    "/rollback/{version}", response_model=PolicyUpdateResult, responses=NOT_FOUND | CONFLICT
+)
 def rollback(
-    version: int,
+    version: Annotated[int, Path(ge=1, le=SQLITE_INTEGER_MAX)],
     runtime: RuntimeDep,
     session: SessionDep,
     if_match: IfMatchDep,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from control.api.deps import AdminDep, RuntimeDep, SessionDep
-from control.schemas import AdminState, QueueDepths
+from control.schemas import ADMIN_ERRORS, AdminState, QueueDepths
 
-router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
+router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS)
 
 
 @router.get("/state", response_model=AdminState)

@@ -1,4 +1,10 @@
-"""``GET /health``: 200 while serving; 503 while the model loads, or when the engine failed."""
+"""``GET /health`` (liveness) and ``GET /ready`` (readiness).
+
+``/health``: 200 while the process serves and its engine loop thread is alive; 503 while the
+model loads or after the engine failed. ``/ready``: 200 when new traffic is welcome; 503 with
+the reason while loading, failed, draining (shutting down) or stalled, so an orchestrator
+stops routing to the server without killing it.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from control.api.deps import ContextDep
-from control.schemas import Health, HealthLoading
+from control.schemas import Health, HealthLoading, NotReady, Ready
 
 router = APIRouter(tags=["public"])
 
@@ -23,3 +29,12 @@ def health(ctx: ContextDep):
         version=runtime.version,
         reclaim_job_on_time=runtime.maintenance.on_time(),
     )
+
+
+@router.get("/ready", response_model=Ready, responses={503: {"model": NotReady}})
+def ready(ctx: ContextDep):
+    not_ready = ctx.not_ready()
+    if not_ready is not None:
+        headers = {"Retry-After": "1"} if not_ready.reason != "failed" else None
+        return JSONResponse(not_ready.model_dump(), status_code=503, headers=headers)
+    return Ready()
