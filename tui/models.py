@@ -52,6 +52,12 @@ class PolicyUpdateResult(Model):
     settings: PolicySettings | None = None
 
 
+class VersionStatus(Model):
+    state: str = "applied"
+    state_reason: str | None = None
+    state_at: str | None = None
+
+
 class PolicyVersion(Model):
     version: int
     settings: PolicySettings
@@ -61,6 +67,8 @@ class PolicyVersion(Model):
     after: PolicySettings | None = None
     created_at: str | None = None
     rollback_of: int | None = None
+    status: VersionStatus | None = None
+    """pending (stored, not yet in force), applied or failed; absent from older servers."""
 
 
 class HistoryPage(Model):

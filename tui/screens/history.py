@@ -39,6 +39,18 @@ def settings_diff(before: PolicySettings | None, after: PolicySettings | None) -
     ]
 
 
+STATE_STYLES = {"applied": "$text-success", "pending": "$text-warning", "failed": "$text-error"}
+
+
+def status_content(version: PolicyVersion) -> Content:
+    """The version's state (pending, applied, failed) and why; nothing from older servers."""
+    status = version.status
+    if status is None:
+        return Content("")
+    why = f": {status.state_reason}" if status.state_reason else ""
+    return Content.styled(f"{status.state}{why}\n", STATE_STYLES.get(status.state, ""))
+
+
 class HistoryScreen(ConsoleScreen):
     COMMAND_SCOPE = "history"
 
@@ -89,6 +101,8 @@ class HistoryScreen(ConsoleScreen):
         table.clear()
         for item in self.page.items:
             label = f"v{item.version}" + (" ●" if item.version == self.active else "")
+            if item.status is not None and item.status.state != "applied":
+                label += f" {item.status.state}"
             note = f" (rollback of v{item.rollback_of})" if item.rollback_of else ""
             cells = (
                 label,
@@ -124,7 +138,9 @@ class HistoryScreen(ConsoleScreen):
             f" {version.settings.policy.name} {params or '(default params)'}\n",
             f"reserve {version.settings.memory_reserve} · "
             f"reclaim every {version.settings.reclaim_interval_s:g}s\n",
-            (f"{version.created_at or ''} by {version.actor or '—'}\n\n", "$text-muted"),
+            (f"{version.created_at or ''} by {version.actor or '—'}\n", "$text-muted"),
+            status_content(version),
+            "\n",
         )
         change = settings_diff(version.before, version.after or version.settings)
         tail = (
