@@ -111,6 +111,24 @@ class FuzzSummary:
         )
 
 
+def _cause(answer: requests.Response | None) -> str:
+    """What an error answer names (field and message), so distinct causes stay apart."""
+    if answer is None or answer.status_code < 400:
+        return ""
+    try:
+        body = answer.json()
+    except ValueError:
+        return f"{answer.status_code} {answer.text[:80]}"
+    detail = body.get("detail") if isinstance(body, dict) else None
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(detail, list):
+        parts = sorted({f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail})
+        return f"{answer.status_code} {'; '.join(parts)}"
+    if isinstance(error, dict):
+        return f"{answer.status_code} {error.get('param')}: {error.get('message')}"
+    return f"{answer.status_code} {json.dumps(detail if detail is not None else body)[:80]}"
+
+
 class FuzzRecorder:
     """Sends each case, runs every enabled check on the answer and books the outcome."""
 
@@ -121,7 +139,7 @@ class FuzzRecorder:
         self.session = requests.Session()
         self.session.hooks["response"].append(self._on_response)
         self._answers: list[requests.Response] = []
-        self._distinct: dict[tuple[str, str, str, str], FuzzFailure] = {}
+        self._distinct: dict[tuple[str, ...], FuzzFailure] = {}
         self._counters: dict[str, Counter[str]] = {
             name: Counter() for name in ("phase", "operation", "status", "check")
         }
@@ -155,7 +173,7 @@ class FuzzRecorder:
         for failure in failures:
             check = (getattr(failure, "checks", ()) or (type(failure).__name__,))[0]
             self._counters["check"][check] += 1
-            key = (case.operation.label, auth, check, failure.title)
+            key = (case.operation.label, auth, check, failure.title, _cause(answer))
             if key in self._distinct:
                 self._distinct[key].cases += 1
                 continue
@@ -204,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     code = pytest.main([str(TEST_PATH), "-q", "-p", "no:cacheprovider", "-W", "ignore"])
     if args.out.exists():
         summary = json.loads(args.out.read_text())
-        print(json.dumps({k: v for k, v in summary.items() if k != "failures"}, indent=2))
+        brief = {k: v for k, v in summary.items() if k != "failures"}
+        print(json.dumps(brief | {"distinct_failures": len(summary["failures"])}, indent=2))
     return int(code)
 
 
