@@ -1,8 +1,11 @@
 """Serving metrics with vLLM's ``benchmark_serving`` definitions, plus the engine's own.
 
-Request metrics (seconds, from each request's own timestamps):
+Request metrics (seconds, from each request's own timestamps), defined once by the engine's
+``RequestMetrics`` and summarised by ``engine.stats`` (so ``/admin/state`` agrees):
 - TTFT = first token - arrival (queueing included);
-- TPOT = (e2e - TTFT) / (output tokens - 1), for requests with more than one output token;
+- TPOT = (last token - first token) / (output tokens - 1), for requests with more than one
+  output token: (e2e - TTFT) / (output tokens - 1) for a request that ends at its last token,
+  as every engine request does (vLLM's definition);
 - ITL = every gap between consecutive tokens of a request, pooled over requests;
 - e2e = finish - arrival;
 - throughput = tokens (or requests) completed / duration, duration = run start to last finish;
@@ -27,6 +30,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine.stats import mean, percentile
+
 if TYPE_CHECKING:
     from bench.runner import RequestRecord, RunTrace
 
@@ -39,52 +44,17 @@ class Slo:
     tpot_s: float
 
     def met_by(self, record: RequestRecord) -> bool:
-        ttft = request_ttft(record)
-        tpot = request_tpot(record) or 0.0
+        ttft = record.metrics.ttft
+        tpot = record.metrics.tpot or 0.0
         return ttft is not None and ttft <= self.ttft_s and tpot <= self.tpot_s
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (``numpy.percentile``'s default)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def mean(values: Sequence[float]) -> float | None:
-    return sum(values) / len(values) if values else None
 
 
 def ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
-def request_ttft(r: RequestRecord) -> float | None:
-    return None if r.first_token is None else r.first_token - r.arrival
-
-
-def request_e2e(r: RequestRecord) -> float | None:
-    return None if r.finish is None else r.finish - r.arrival
-
-
-def request_tpot(r: RequestRecord) -> float | None:
-    ttft, e2e = request_ttft(r), request_e2e(r)
-    if ttft is None or e2e is None or r.output_tokens < 2:
-        return None
-    return (e2e - ttft) / (r.output_tokens - 1)
-
-
 def request_itls(r: RequestRecord) -> list[float]:
-    times = r.token_times
-    return [b - a for a, b in itertools.pairwise(times)]
-
-
-def request_queue_time(r: RequestRecord) -> float | None:
-    return None if r.first_scheduled is None else r.first_scheduled - r.arrival
+    return [b - a for a, b in itertools.pairwise(r.metrics.token_times)]
 
 
 def _present(values: Iterable[float | None]) -> list[float]:
@@ -114,16 +84,16 @@ def request_metrics(
         "output_throughput": ratio(output, duration),
         "total_throughput": ratio(prompt + output, duration),
     }
-    out |= distribution("ttft", _present(request_ttft(r) for r in done))
-    out |= distribution("tpot", _present(request_tpot(r) for r in done))
+    out |= distribution("ttft", _present(r.metrics.ttft for r in done))
+    out |= distribution("tpot", _present(r.metrics.tpot for r in done))
     out |= distribution("itl", [gap for r in done for gap in request_itls(r)])
-    out |= distribution("e2e", _present(request_e2e(r) for r in done))
-    out |= distribution("queue_time", _present(request_queue_time(r) for r in done))
+    out |= distribution("e2e", _present(r.metrics.e2e for r in done))
+    out |= distribution("queue_time", _present(r.metrics.queue_time for r in done))
     if slo is not None:
         out["goodput"] = ratio(sum(1 for r in done if slo.met_by(r)), duration)
     tags = sorted({r.tag for r in done if r.tag})
     for tag in tags:
-        ttfts = _present(request_ttft(r) for r in done if r.tag == tag)
+        ttfts = _present(r.metrics.ttft for r in done if r.tag == tag)
         out[f"ttft_p50_{tag}"] = percentile(ttfts, 50)
         out[f"ttft_p99_{tag}"] = percentile(ttfts, 99)
     return out
@@ -184,4 +154,4 @@ def kv_series(trace: RunTrace, max_points: int = 400) -> dict[str, list[float]]:
 
 
 def ttft_values(records: Sequence[RequestRecord]) -> list[float]:
-    return sorted(round(v, 5) for v in _present(request_ttft(r) for r in records))
+    return sorted(round(v, 5) for v in _present(r.metrics.ttft for r in records))

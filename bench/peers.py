@@ -20,6 +20,7 @@ import torch
 
 from bench.runner import RequestRecord
 from bench.workloads import Workload
+from engine.outputs import RequestMetrics
 
 PAD_ID = 0
 HF_PAGE_SIZE = 16
@@ -95,12 +96,13 @@ def run_hf_static(
         for row, (index, request) in enumerate(batch):
             times = token_times[: request.max_tokens]
             outputs[index] = generated[row, width : width + request.max_tokens].tolist()
-            records.append(
-                RequestRecord(
-                    index, request.tag, len(request.prompt), len(times), start, None,
-                    times[0], times, times[-1], 0,
-                )
-            )  # fmt: skip
+            timing = RequestMetrics(
+                arrival_time=start,
+                first_token_time=times[0],
+                token_times=times,
+                finish_time=times[-1],
+            )
+            records.append(RequestRecord(index, request.tag, len(request.prompt), timing))
         prefill += len(batch) * width
         prefill_pads += sum(width - len(r.prompt) for _, r in batch)
         decode += len(batch) * steps
@@ -173,12 +175,15 @@ def run_hf_continuous(
     for index, (request, out) in enumerate(zip(workload.requests, ordered, strict=True)):
         times = list(out.timestamps or [])
         outputs[index] = list(out.generated_tokens)
-        records.append(
-            RequestRecord(
-                index, request.tag, len(request.prompt), len(times), start, out.lifespan[0],
-                times[0] if times else None, times, out.lifespan[1], 0,
-            )
-        )  # fmt: skip
+        first = times[0] if times else None
+        timing = RequestMetrics(
+            arrival_time=start,
+            first_scheduled_time=out.lifespan[0],
+            first_token_time=first,
+            token_times=times,
+            finish_time=out.lifespan[1],
+        )
+        records.append(RequestRecord(index, request.tag, len(request.prompt), timing))
     progress(len(records))
     end = max(r.finish for r in records if r.finish is not None)
     extra = {

@@ -488,9 +488,12 @@ def _definitions() -> list[str]:
     return [
         "## Definitions",
         "",
-        "- TTFT: first token − arrival (queueing included). TPOT: (e2e − TTFT) / (output "
-        "tokens − 1). ITL: gaps between consecutive tokens, pooled. e2e: finish − arrival. "
-        "Percentiles interpolate linearly (vLLM's `benchmark_serving`, numpy's default).",
+        "- TTFT: first token − arrival (queueing included). TPOT: (last token − first token) / "
+        "(output tokens − 1), that is (e2e − TTFT) / (output tokens − 1) for a request that "
+        "ends at its last token. ITL: gaps between consecutive tokens, pooled. e2e: finish − "
+        "arrival. Percentiles interpolate linearly (vLLM's `benchmark_serving`, numpy's "
+        "default). The engine defines these (`RequestMetrics`, `engine.stats.percentile`), so "
+        "`/admin/state` gives the same figures for the same requests.",
         "- Throughput: tokens (or requests) completed / duration, duration = run start to last "
         "finish. Goodput: requests meeting both SLOs / duration.",
         "- KV utilization: Σ over steps of tokens stored (after the step's forward) / Σ over "

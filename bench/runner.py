@@ -114,31 +114,21 @@ class EngineFactory:
 
 @dataclass(slots=True)
 class RequestRecord:
+    """One finished request: the bench's labels around the engine's own ``RequestMetrics``,
+    which define TTFT, TPOT and e2e for the report as for ``/admin/state``."""
+
     index: int
     tag: str
     prompt_tokens: int
-    output_tokens: int
-    arrival: float
-    first_scheduled: float | None
-    first_token: float | None
-    token_times: list[float]
-    finish: float | None
-    preemptions: int
+    metrics: RequestMetrics
 
-    @classmethod
-    def of(cls, index: int, tag: str, prompt_tokens: int, m: RequestMetrics) -> RequestRecord:
-        return cls(
-            index,
-            tag,
-            prompt_tokens,
-            len(m.token_times),
-            m.arrival_time,
-            m.first_scheduled_time,
-            m.first_token_time,
-            list(m.token_times),
-            m.finish_time,
-            m.num_preemptions,
-        )
+    @property
+    def output_tokens(self) -> int:
+        return len(self.metrics.token_times)
+
+    @property
+    def finish(self) -> float | None:
+        return self.metrics.finish_time
 
 
 @dataclass(slots=True)
@@ -256,9 +246,7 @@ def drive(
             index = index_of[out.request_id]
             if out.finished:
                 request = workload.requests[index]
-                records.append(
-                    RequestRecord.of(index, request.tag, len(request.prompt), out.metrics)
-                )
+                records.append(RequestRecord(index, request.tag, len(request.prompt), out.metrics))
                 trace.outputs[index] = out.token_ids
                 in_flight -= 1
                 advance(1)

@@ -1,10 +1,16 @@
 """Per-step records and rolling request statistics: the numbers the metrics, the console and
-the benchmark all report."""
+the benchmark all report.
+
+Request latencies are defined once, by ``RequestMetrics`` (TTFT, TPOT, e2e, queue time), and
+summarised once, by ``percentile`` and ``mean`` here: ``/admin/state`` (``latency``) and the
+benchmark's report (``bench.metrics``) give the same figure for the same requests.
+"""
 
 from __future__ import annotations
 
-import statistics
+import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.kv_cache import ReclaimResult
@@ -38,12 +44,20 @@ class FinishedRecord:
     output_tokens: int
 
 
-def percentile(values: list[float], q: float) -> float | None:
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100), interpolating linearly between the closest ranks:
+    ``numpy.percentile``'s default, and vLLM's ``benchmark_serving``. None for no values."""
     if not values:
         return None
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[min(int(q), 99) - 1]
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 @dataclass

@@ -4,34 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from bench.metrics import (
-    Slo,
-    engine_metrics,
-    overhead,
-    percentile,
-    request_itls,
-    request_metrics,
-    request_tpot,
-    request_ttft,
-)
+from bench.metrics import Slo, engine_metrics, overhead, request_itls, request_metrics
 from bench.recording import StepTokens
 from bench.runner import RequestRecord, RunTrace
-from engine.stats import StepRecord
+from engine.outputs import RequestMetrics
+from engine.stats import StepRecord, percentile
 
 
 def record(arrival: float, token_times: list[float], prompt: int = 10, index: int = 0):
-    return RequestRecord(
-        index=index,
-        tag="",
-        prompt_tokens=prompt,
-        output_tokens=len(token_times),
-        arrival=arrival,
-        first_scheduled=arrival,
-        first_token=token_times[0] if token_times else None,
+    timing = RequestMetrics(
+        arrival_time=arrival,
+        first_scheduled_time=arrival,
+        first_token_time=token_times[0] if token_times else None,
         token_times=token_times,
-        finish=token_times[-1] if token_times else None,
-        preemptions=0,
+        finish_time=token_times[-1] if token_times else None,
     )
+    return RequestRecord(index=index, tag="", prompt_tokens=prompt, metrics=timing)
 
 
 def step(
@@ -67,17 +55,17 @@ def trace(steps: list[StepRecord], tokens: list[StepTokens] | None = None) -> Ru
 
 def test_ttft_counts_from_arrival_not_from_scheduling():
     r = record(arrival=1.0, token_times=[1.5, 1.7, 2.0])
-    r.first_scheduled = 1.4
-    assert request_ttft(r) == pytest.approx(0.5)
+    r.metrics.first_scheduled_time = 1.4
+    assert r.metrics.ttft == pytest.approx(0.5)
 
 
 def test_tpot_is_e2e_minus_ttft_over_output_tokens_minus_one():
     r = record(arrival=0.0, token_times=[1.0, 1.5, 3.0])  # e2e 3.0, ttft 1.0
-    assert request_tpot(r) == pytest.approx((3.0 - 1.0) / 2)
+    assert r.metrics.tpot == pytest.approx((3.0 - 1.0) / 2)
 
 
 def test_tpot_is_undefined_for_a_single_token():
-    assert request_tpot(record(0.0, [0.4])) is None
+    assert record(0.0, [0.4]).metrics.tpot is None
 
 
 def test_itl_lists_every_gap_between_tokens():
