@@ -151,3 +151,35 @@ def _spec(name: str):
     from policies.base import PolicySpec
 
     return PolicySpec(name=name)  # type: ignore[arg-type]
+
+
+def test_an_overdue_request_that_does_not_fit_holds_back_newer_admissions():
+    """Continuous, a small pool: two long runners leave room for short requests but not for
+    the overdue long prompt. Once it is overdue no newer request is admitted until it is."""
+    clock = Clock()
+    limits = EngineLimits(16, 30, 1024, 8, 512)
+    config = EngineConfig(model="echo", max_waiting=100_000)
+    spec = {"name": "continuous", "params": {"max_wait_s": MAX_WAIT_S}}
+    engine = LLMEngine(config, EchoRunner(), limits, clock=clock, policy=spec)
+    hog = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    for _ in range(2):
+        engine.add_request([3] * 150, hog, arrival_time=0.0)
+    clock.now = 1.0
+    engine.add_request([5] * 8, SHORT)
+    long_id = engine.add_request(LONG_PROMPT, SHORT, arrival_time=0.0)  # queued behind
+    started: dict[str, float] = {}
+    arrived: dict[str, float] = {}
+    while engine.has_unfinished_requests() and clock.now < 100:
+        clock.now += 1.0
+        if clock.now < 60:
+            engine.add_request([5] * 8, SHORT)
+        for out in engine.step():
+            started.setdefault(out.request_id, out.metrics.first_scheduled_time)
+            arrived[out.request_id] = out.metrics.arrival_time
+    overdue_at, long_start = MAX_WAIT_S, started[long_id]
+    assert long_start > overdue_at + 2, "the pool really kept it out for a while"
+    newer = [r for r, t in started.items() if arrived[r] > 0 and overdue_at + 1 < t < long_start]
+    assert newer == [], "no newer request was admitted while the overdue one waited"
+    assert any(arrived[r] > 0 and t <= overdue_at for r, t in started.items()), (
+        "short requests did fit before it was overdue"
+    )
