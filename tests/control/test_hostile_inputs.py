@@ -1,0 +1,193 @@
+"""The public API as a hostile client tries it, against a real server (issue 11, defects 2, 3
+and 5 on /v1): every bad input is a 400 naming its field in OpenAI's error shape, limits are
+enforced before the expensive part, and no request stalls the others."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.control.support import ADMIN
+
+JSON = {"content-type": "application/json"}
+MiB = 1024 * 1024
+
+INVALID = [
+    ('"prompt": "Hi", "temperature": NaN', "temperature"),
+    ('"prompt": "Hi", "temperature": Infinity', "temperature"),
+    ('"prompt": "Hi", "top_p": -Infinity', "top_p"),
+    ('"prompt": "Hi", "top_p": NaN', "top_p"),
+    ('"prompt": "Hi", "seed": 18446744073709551616', "seed"),
+    ('"prompt": "a\\ud800b"', "prompt"),
+    ('"prompt": "Hi", "stop": ["x\\udfffy"]', "stop"),
+    ('"prompt": "Hi", "stop": "\\udfff"', "stop"),
+    ('"prompt": [true, false]', "prompt"),
+    ('"prompt": [1.5]', "prompt"),
+    ('"prompt": ""', "prompt"),
+    ('"prompt": []', "prompt"),
+    ('"prompt": "Hi", "max_tokens": "5"', "max_tokens"),
+    ('"prompt": "Hi", "max_tokens": 2.5', "max_tokens"),
+    ('"prompt": "Hi", "top_k": true', "top_k"),
+    ('"prompt": "Hi", "ignore_eos": 1', "ignore_eos"),
+    ('"prompt": "Hi", "model": 5', "model"),
+    ('"prompt": "Hi", "stream_options": {"include_usage": "yes"}', "stream_options.include_usage"),
+]
+
+
+def post_raw(http: httpx.Client, text: str | bytes, path: str = "/v1/completions", **kw):
+    return http.post(path, content=text, headers={**JSON, **kw.pop("headers", {})}, **kw)
+
+
+def assert_openai_error(response: httpx.Response, status: int, param: str | None) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param
+    assert error["type"] == ("server_error" if status >= 500 else "invalid_request_error")
+    assert error["message"]
+    return error
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("fields", "param"), INVALID)
+def test_invalid_value_is_400_naming_the_field(
+    client: httpx.Client, fields: str, param: str, stream: bool
+) -> None:
+    response = post_raw(client, f'{{"stream": {json.dumps(stream)}, {fields}}}')
+    error = assert_openai_error(response, 400, param)
+    assert error["message"].startswith(param)
+
+
+@pytest.mark.parametrize("fields", ['"stream": "yes"', '"stream": 1', '"stream": "true"'])
+def test_stream_must_be_a_boolean(client: httpx.Client, fields: str) -> None:
+    assert_openai_error(post_raw(client, f'{{"prompt": "Hi", {fields}}}'), 400, "stream")
+
+
+def test_numbers_may_be_written_as_integers(client: httpx.Client) -> None:
+    body = {"prompt": "Hi", "max_tokens": 2, "temperature": 1, "top_p": 1, "seed": 2**53}
+    response = client.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+
+
+def test_invalid_json_is_400_in_openai_shape(client: httpx.Client) -> None:
+    error = assert_openai_error(post_raw(client, '{"prompt": "Hi",'), 400, None)
+    assert "JSON" in error["message"]
+
+
+def test_admin_422_renders_non_finite_numbers_and_surrogates(client: httpx.Client) -> None:
+    body = '{"memory_reserve": NaN, "reclaim_interval_s": Infinity, "reason": "a\\ud800"}'
+    response = client.put("/admin/policy?dry_run=true", content=body, headers={**ADMIN, **JSON})
+    assert response.status_code == 422, response.text
+    inputs = {e["loc"][-1]: e["input"] for e in response.json()["detail"]}
+    assert inputs["memory_reserve"] == "nan"
+    assert inputs["reclaim_interval_s"] == "inf"
+
+
+def test_streamed_request_refused_before_its_first_token_gets_json(client: httpx.Client) -> None:
+    too_long = {"prompt": list(range(5, 3000)), "stream": True}
+    assert_openai_error(client.post("/v1/completions", json=too_long), 400, "prompt")
+    past_context = {"prompt": "Hi", "max_tokens": 10**6, "stream": True}
+    assert_openai_error(client.post("/v1/completions", json=past_context), 400, "max_tokens")
+    unknown = {"prompt": "Hi", "model": "gpt-9", "stream": True}
+    assert_openai_error(client.post("/v1/completions", json=unknown), 404, "model")
+
+
+def test_twenty_megabyte_body_is_413_before_it_is_read(client: httpx.Client) -> None:
+    body = json.dumps({"prompt": "x" * (20 * MiB)})
+    started = time.monotonic()
+    response = post_raw(client, body)
+    assert time.monotonic() - started < 3.0
+    error = assert_openai_error(response, 413, None)
+    assert error["code"] == "request_too_large"
+    assert client.get("/health").status_code == 200
+
+
+def test_body_without_length_is_counted_as_it_arrives(client: httpx.Client) -> None:
+    def chunks():
+        yield b'{"prompt": "'
+        for _ in range(5):
+            yield b"y" * MiB
+        yield b'"}'
+
+    response = client.post("/v1/completions", content=chunks(), headers=JSON)
+    assert "content-length" not in response.request.headers
+    assert_openai_error(response, 413, None)
+
+
+def test_admin_body_too_large_keeps_the_admin_shape(client: httpx.Client) -> None:
+    body = json.dumps({"reason": "r" * (5 * MiB)})
+    response = client.put("/admin/policy", content=body, headers={**ADMIN, **JSON})
+    assert response.status_code == 413
+    assert "bytes" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/admin/policy?dry_run=true"])
+def test_deep_json_is_400_without_being_parsed(client: httpx.Client, path: str) -> None:
+    depth = 200_000
+    body = '{"prompt": ' + "[" * depth + "]" * depth + ', "reason": "r"}'
+    started = time.monotonic()
+    response = client.request(
+        "PUT" if path.startswith("/admin") else "POST",
+        path,
+        content=body,
+        headers={**JSON, **ADMIN},
+    )
+    assert time.monotonic() - started < 2.0
+    assert response.status_code == 400
+    payload = response.json()
+    message = payload["error"]["message"] if path.startswith("/v1") else payload["detail"]
+    assert "deeper than 64" in message
+
+
+def test_moderate_nesting_is_still_parsed(client: httpx.Client) -> None:
+    body = '{"prompt": "Hi", "max_tokens": 1, "stop": ["[[[[{{{{"], "user": ' + "[" * 60
+    body += "]" * 60 + "}"
+    assert post_raw(client, body).status_code == 200
+
+
+def test_a_hundred_thousand_stop_strings_are_refused(client: httpx.Client) -> None:
+    body = {"prompt": "Hi", "stop": [f"s{i}" for i in range(100_000)]}
+    started = time.monotonic()
+    error = assert_openai_error(client.post("/v1/completions", json=body), 400, "stop")
+    assert time.monotonic() - started < 3.0
+    assert "100000 strings" in error["message"]
+
+
+def test_stop_list_bounds_count_and_characters(client: httpx.Client) -> None:
+    ok = {"prompt": "Hi", "max_tokens": 2, "stop": [f"stop{i}" for i in range(16)]}
+    assert client.post("/v1/completions", json=ok).status_code == 200
+    too_many = {**ok, "stop": [*ok["stop"], "one more"]}
+    assert_openai_error(client.post("/v1/completions", json=too_many), 400, "stop")
+    too_long = {**ok, "stop": ["z" * 4097]}
+    error = assert_openai_error(client.post("/v1/completions", json=too_long), 400, "stop")
+    assert "4097 characters" in error["message"]
+
+
+def probe_health(client: httpx.Client, seconds: float) -> float:
+    """The slowest ``GET /health`` answer over ``seconds``."""
+    slowest = 0.0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        assert client.get("/health").status_code == 200
+        slowest = max(slowest, time.monotonic() - started)
+        time.sleep(0.02)
+    return slowest
+
+
+def test_text_that_cannot_fit_is_refused_before_tokenizing(client: httpx.Client) -> None:
+    body = json.dumps({"prompt": "hello world, this is a text. " * (130_000)})
+    assert len(body) < 4 * MiB
+    with ThreadPoolExecutor(1) as pool:
+        slowest = pool.submit(probe_health, client, 1.5)
+        started = time.monotonic()
+        error = assert_openai_error(post_raw(client, body), 400, "prompt")
+        took = time.monotonic() - started
+        assert slowest.result() < 0.5
+    assert took < 1.5
+    assert "max_model_len" in error["message"]
