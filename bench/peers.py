@@ -20,12 +20,14 @@ import torch
 
 from bench.runner import RequestRecord
 from bench.workloads import Workload
+from engine.config import EngineConfig
 from engine.outputs import RequestMetrics
 
 PAD_ID = 0
-HF_PAGE_SIZE = 16
+_ENGINE_DEFAULTS = EngineConfig(model="defaults")
+HF_PAGE_SIZE = _ENGINE_DEFAULTS.block_size
 """generate_batch's cache page, in tokens: the engine's default block size."""
-HF_BATCH_TOKENS = 2048
+HF_BATCH_TOKENS = _ENGINE_DEFAULTS.max_num_batched_tokens
 """generate_batch's token budget per step: the engine's default max_num_batched_tokens."""
 
 

@@ -13,6 +13,7 @@ from bench import workloads as wl
 from bench.presets import SUITES, Preset
 from bench.runner import EngineSettings, Hooks
 from bench.workloads import Workload
+from policies.registry import POLICIES, as_spec, validate_params
 
 SEED = 0
 
@@ -57,20 +58,25 @@ class PeerSpec:
 
 
 def policy_params(policy: str, window: int, max_batch: int | None = None) -> dict[str, Any]:
-    """Each policy at its defaults, the length window scaled like the workload's lengths."""
-    if policy == "static":
-        return {"max_batch_size": max_batch or 32}
-    if policy == "dynamic":
-        return {"max_batch_size": max_batch or 32, "length_window": window}
-    params: dict[str, Any] = {"max_num_seqs": max_batch} if max_batch else {}
-    if policy == "hybrid":
+    """Each policy at its params model's defaults, but for the batch cap a run sets and the
+    length window, scaled like the workload's lengths (for the policies that have one)."""
+    params: dict[str, Any] = {batch_field(policy): max_batch} if max_batch else {}
+    if "length_window" in POLICIES[policy].params_model.model_fields:
         params["length_window"] = window
     return params
 
 
+def batch_field(policy: str) -> str:
+    """The params field that caps a policy's batch: the one the engine's max_num_seqs bounds
+    (``max_batch_size`` for the padded policies, ``max_num_seqs`` for the others)."""
+    caps = POLICIES[policy].params_model.caps
+    return next(name for name, cap in caps.items() if cap == "max_num_seqs")
+
+
 def max_batch_of(settings: EngineSettings) -> int:
-    params = settings.policy_params
-    return params.get("max_batch_size") or params.get("max_num_seqs") or settings.max_num_seqs
+    """The batch cap the run's policy works under: its param, else the engine's cap."""
+    params = validate_params(as_spec({"name": settings.policy, "params": settings.policy_params}))
+    return getattr(params, batch_field(settings.policy)) or settings.config().max_num_seqs
 
 
 class Plan:
@@ -92,11 +98,16 @@ class Plan:
         self.runs: list[RunSpec | PeerSpec] = []
 
     def settings(
-        self, policy: str, max_batch: int | None = None, window: int | None = None, **kw: Any
+        self,
+        policy: str,
+        max_batch: int | None = None,
+        window: int | None = None,
+        kv_tokens: int | None = None,
+        **engine: Any,
     ) -> EngineSettings:
-        kw.setdefault("kv_tokens", self.preset.kv_tokens)
+        """``engine`` are ``EngineConfig`` fields this run sets (block_size, memory_reserve)."""
         params = policy_params(policy, window or self.preset.scaled_window, max_batch)
-        return EngineSettings(policy, params, **kw)
+        return EngineSettings(policy, params, kv_tokens or self.preset.kv_tokens, engine)
 
     def burst(self, n: int, variable: bool) -> Workload:
         return wl.burst(n, variable, self.preset.scale, self.vocab, SEED)

@@ -4,9 +4,11 @@ scales lengths by 14 on the ``small`` model; ``quick`` is a ``tiny``-model subse
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import get_args
 
 from bench.metrics import Slo
 from bench.workloads import Span
+from policies.base import PolicyName
 
 MIXED_INPUTS = Span(32, 512)
 MIXED_OUTPUT = 64
@@ -22,7 +24,7 @@ SUITES = (
     "hybrid-depth",
     "capacity",
 )
-POLICIES = ("static", "dynamic", "continuous", "hybrid")
+POLICIES: tuple[str, ...] = get_args(PolicyName)
 PEERS = ("hf-static", "hf-continuous")
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,17 +50,20 @@ class SkipClock:
 
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
+    """One run's engine: its policy and params, its KV pool in token slots, and the
+    ``EngineConfig`` fields the run sets (``engine``, by field name). Every other knob keeps
+    ``EngineConfig``'s default: the bench restates none of them."""
+
     policy: str
     policy_params: dict[str, Any] = field(default_factory=dict)
-    block_size: int = 16
     kv_tokens: int = 32768
-    memory_reserve: float = 0.10
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    engine: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def num_kv_blocks(self) -> int:
-        return max(1, self.kv_tokens // self.block_size)
+    def config(self, model: str = "", **fixed: Any) -> EngineConfig:
+        """The run's ``EngineConfig``, the pool sized to ``kv_tokens``; ``fixed`` are the
+        factory's own fields (device, dtype, ...); ``model`` may stay a label."""
+        config = EngineConfig(model=model, policy=self.policy, **fixed, **self.engine)
+        return replace(config, num_kv_blocks=max(1, self.kv_tokens // config.block_size))
 
 
 class EngineFactory:
@@ -89,17 +92,9 @@ class EngineFactory:
     def build(
         self, settings: EngineSettings, clock: Callable[[], float], keep_shapes: bool = False
     ) -> tuple[LLMEngine, RecordingRunner]:
-        config = EngineConfig(
-            model=str(self.model_dir),
-            policy=settings.policy,
-            device=str(self.device),
-            dtype=self.dtype_name,  # type: ignore[arg-type]
-            block_size=settings.block_size,
-            num_kv_blocks=settings.num_kv_blocks,
-            max_num_seqs=settings.max_num_seqs,
-            max_num_batched_tokens=settings.max_num_batched_tokens,
-            memory_reserve=settings.memory_reserve,
-            max_waiting=1 << 20,
+        # Every request of a burst is queued at once: the waiting queue must take them all.
+        config = settings.config(
+            str(self.model_dir), device=str(self.device), dtype=self.dtype_name, max_waiting=1 << 20
         )
         engine = LLMEngine.from_config(
             config,

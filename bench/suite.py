@@ -133,7 +133,7 @@ class Bench:
         return base and spec.policy == "continuous" and spec.suite in ("burst", "probe")
 
     def _result(self, spec: RunSpec, workload: Workload, trace: RunTrace) -> dict[str, Any]:
-        settings = spec.settings
+        config = spec.settings.config()
         duration = trace.end - trace.start
         result: dict[str, Any] = {
             "id": spec.id,
@@ -143,10 +143,10 @@ class Bench:
             "concurrency": workload.concurrency,
             "num_requests": len(workload.requests),
             "sweep": spec.labels.get("sweep"),
-            "max_batch_size": max_batch_of(settings),
-            "block_size": settings.block_size,
-            "memory_reserve": settings.memory_reserve,
-            "kv_pool_tokens": settings.num_kv_blocks * settings.block_size,
+            "max_batch_size": max_batch_of(spec.settings),
+            "block_size": config.block_size,
+            "memory_reserve": config.memory_reserve,
+            "kv_pool_tokens": (config.num_kv_blocks or 0) * config.block_size,
             "rate": workload.rate,
             "load": spec.rate_fraction,
             "repeat": spec.labels.get("rep"),
