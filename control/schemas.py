@@ -215,6 +215,7 @@ ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
 """What every admin route may answer besides its own codes (422 FastAPI declares itself)."""
 NOT_FOUND = {404: {"model": AdminError, "description": "No such policy version."}}
 CONFLICT = {409: {"model": AdminError, "description": "If-Match names an older version."}}
+BAD_BODY = {400: {"model": AdminError, "description": "The body is not valid JSON."}}
 
 
 class VersionStatus(BaseModel):
@@ -250,8 +251,9 @@ class PolicyUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     policy: PolicySpec | None = Field(None, description="A full spec: its params replace all.")
-    memory_reserve: float | None = memory_reserve_field(None)
-    reclaim_interval_s: float | None = reclaim_interval_field(None)
+    # Strict: a number (an integer is one), never a boolean or a numeric string.
+    memory_reserve: StrictFloat | None = memory_reserve_field(None)
+    reclaim_interval_s: StrictFloat | None = reclaim_interval_field(None)
     reason: str = Field(
         min_length=1, pattern=REASON_PATTERN, description="Why: required, not blank."
     )

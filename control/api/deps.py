@@ -4,6 +4,7 @@ and the policy headers."""
 from __future__ import annotations
 
 import hmac
+import re
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -105,24 +106,36 @@ def require_api_key(
 ApiKeyDep = Depends(require_api_key)
 
 
+IF_MATCH_PATTERN = r'^\s*(\*|(W/)?"?[0-9]{1,19}"?)\s*$'
+"""What If-Match takes: ``*`` (any), or a version ``N`` / ``"N"`` (a weak ``W/`` prefix ignored)."""
+
+
 def if_match_version(
-    if_match: Annotated[str | None, Header(description='A version: N or "N".')] = None,
+    if_match: Annotated[  # str, not str | None: the schema must offer no null to send
+        str,  # noqa: RUF013
+        Header(
+            description='A version: N or "N" (or *: any).',
+            json_schema_extra={"pattern": IF_MATCH_PATTERN},
+        ),
+    ] = None,  # type: ignore[assignment]
 ) -> int | None:
-    if if_match is None or if_match.strip() == "*":
+    """Checked here, by the same pattern the schema shows, for an error naming the header."""
+    if if_match is None:
         return None
-    value = if_match.strip().removeprefix("W/").strip('"')
-    if not value.isdigit():
+    match = re.fullmatch(IF_MATCH_PATTERN, if_match)
+    if match is None:
         raise RequestValidationError(
             [
                 {
-                    "type": "int_parsing",
+                    "type": "string_pattern_mismatch",
                     "loc": ("header", "if-match"),
                     "msg": 'If-Match must be a policy version: N or "N"',
                     "input": if_match,
                 }
             ]
         )
-    return int(value)
+    value = match.group(1)
+    return None if value == "*" else int(value.removeprefix("W/").strip('"'))
 
 
 IfMatchDep = Annotated[int | None, Depends(if_match_version)]

@@ -17,6 +17,7 @@ from control.api.errors import validation_error
 from control.models import SQLITE_INTEGER_MAX
 from control.schemas import (
     ADMIN_ERRORS,
+    BAD_BODY,
     CONFLICT,
     NOT_FOUND,
     EngineLimitsView,
@@ -70,7 +71,7 @@ async def checked_update(request: Request, runtime: RuntimeDep) -> PolicyUpdate:
         raise validation_error(exc, "body") from None
 
 
-@router.put("", response_model=PolicyUpdateResult, responses=CONFLICT)
+@router.put("", response_model=PolicyUpdateResult, responses=BAD_BODY | CONFLICT)
 def put_policy(
     update: Annotated[PolicyUpdate, Depends(checked_update)],
     body: PolicyUpdate,  # checked above; declared so the OpenAPI schema shows the body
@@ -100,7 +101,9 @@ def get_history(
 
 
 @router.post(
-    "/rollback/{version}", response_model=PolicyUpdateResult, responses=NOT_FOUND | CONFLICT
+    "/rollback/{version}",
+    response_model=PolicyUpdateResult,
+    responses=BAD_BODY | NOT_FOUND | CONFLICT,
 )
 def rollback(
     version: Annotated[int, Path(ge=1, le=SQLITE_INTEGER_MAX)],
