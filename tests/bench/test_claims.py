@@ -4,18 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from bench.claims import (
-    CLAIMS,
-    CLAIMS_BY_NUMBER,
-    FAILS,
-    HOLDS,
-    MISSING,
-    SHAPE,
-    Evidence,
-    judge_claim,
-    multiplier_values,
-    verdicts,
-)
+from bench.claims import CLAIMS, CLAIMS_BY_NUMBER, judge_claim, multiplier_values, verdicts
+from bench.evidence import FAILS, HOLDS, MISSING, SHAPE, Evidence
 from bench.targets import targets
 
 
