@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from bench.runner import RequestRecord, RunTrace
 
 QUANTILES = (50, 90, 99)
+THROUGHPUT_KEYS = ("output_throughput", "total_throughput")
+TTFT_KEYS = ("ttft_p50", "ttft_p99")
+LATENCY_KEYS = (*TTFT_KEYS, "tpot_p50", "e2e_p50")
+"""Run keys the report and the ratios show together, named once."""
 
 
 @dataclass(frozen=True, slots=True)

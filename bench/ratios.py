@@ -5,16 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from bench.metrics import LATENCY_KEYS, THROUGHPUT_KEYS
+
 RATIO_SUITES = ("burst", "mixed", "peers", "short-long")
-RATIO_METRICS = (
-    "output_throughput",
-    "total_throughput",
-    "ttft_p50",
-    "ttft_p99",
-    "tpot_p50",
-    "e2e_p50",
-    "kv_utilization",
-)
+RATIO_METRICS = (*THROUGHPUT_KEYS, *LATENCY_KEYS, "kv_utilization")
 REFERENCE = "continuous"
 Run = dict[str, Any]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.metrics import LATENCY_KEYS, THROUGHPUT_KEYS, TTFT_KEYS
 from bench.ratios import Run, find_all
 from bench.tables import COLUMNS, Column, columns, num, table
 
@@ -17,17 +18,7 @@ def ratios_section(ratios: dict[str, Any]) -> list[str]:
     ]
     for key, pairs in ratios.items():
         for pair, r in pairs.items():
-            cells = [
-                num(r.get(m))
-                for m in (
-                    "output_throughput",
-                    "ttft_p50",
-                    "ttft_p99",
-                    "tpot_p50",
-                    "e2e_p50",
-                    "kv_utilization",
-                )
-            ]
+            cells = [num(r.get(m)) for m in ("output_throughput", *LATENCY_KEYS, "kv_utilization")]
             out.append(f"| {key} | {pair.split('/')[1]} | " + " | ".join(cells) + " |")
     return [*out, "", "Throughput: above 1 means continuous is faster. Latency: below 1 means "
             "continuous is lower.", ""]  # fmt: skip
@@ -39,12 +30,8 @@ def mixed_section(runs: list[Run], scale: float) -> list[str]:
         return []
     cols = columns(
         "policy",
-        "output_throughput",
-        "total_throughput",
-        "ttft_p50",
-        "ttft_p99",
-        "tpot_p50",
-        "e2e_p50",
+        *THROUGHPUT_KEYS,
+        *LATENCY_KEYS,
         "kv_utilization",
         "padding_waste_prefill",
         "engine_overhead_batch32",
@@ -73,8 +60,7 @@ def sweep_section(runs: list[Run]) -> list[str]:
         "policy",
         Column("concurrency", "batch size (clients)"),
         "output_throughput",
-        "ttft_p50",
-        "ttft_p99",
+        *TTFT_KEYS,
         "tpot_p50",
         "mean_batch_size",
         "kv_utilization",
@@ -99,10 +85,7 @@ def block_section(runs: list[Run], base: int) -> list[str]:
         "policy",
         "block_size",
         "output_throughput",
-        "ttft_p50",
-        "ttft_p99",
-        "tpot_p50",
-        "e2e_p50",
+        *LATENCY_KEYS,
         "kv_utilization",
     )
     ordered = sorted(rows, key=lambda r: (r["policy"], r["block_size"]))
@@ -125,10 +108,7 @@ def poisson_section(runs: list[Run], saturation: float | None) -> list[str]:
         "rate",
         "policy",
         "output_throughput",
-        "ttft_p50",
-        "ttft_p99",
-        "tpot_p50",
-        "e2e_p50",
+        *LATENCY_KEYS,
         "goodput",
     )
     return [
@@ -167,8 +147,7 @@ def maintenance_section(runs: list[Run]) -> list[str]:
             "memory_reserve",
             "kv_pool_tokens",
             "output_throughput",
-            "ttft_p50",
-            "ttft_p99",
+            *TTFT_KEYS,
             COLUMNS["preemptions"].titled("preemptions"),
             "refused",
             "mean_batch_size",
@@ -195,10 +174,7 @@ def maintenance_section(runs: list[Run]) -> list[str]:
             Column("concurrency", "depth (clients)"),
             "policy",
             "output_throughput",
-            "ttft_p50",
-            "ttft_p99",
-            "tpot_p50",
-            "e2e_p50",
+            *LATENCY_KEYS,
         )
         out += ["## Shallow queues: hybrid (one at a time below depth 4) vs continuous", "",
                 *table(depth, cols)]  # fmt: skip

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.formatting import pct
+from bench.metrics import LATENCY_KEYS, THROUGHPUT_KEYS
 from bench.ratios import Run
 
 
@@ -89,12 +90,8 @@ COLUMNS: dict[str, Column] = {
 
 CORE = (
     "policy",
-    "output_throughput",
-    "total_throughput",
-    "ttft_p50",
-    "ttft_p99",
-    "tpot_p50",
-    "e2e_p50",
+    *THROUGHPUT_KEYS,
+    *LATENCY_KEYS,
     "kv_utilization",
     "padding_waste",
     "preemptions",
