@@ -1,6 +1,5 @@
-"""``servedeck bench``: run a preset, write results.json, report.md and the plots.
-
-Until the lead wires it into ``control/cli.py``: ``python -m bench.cli --preset quick``.
+"""``servedeck bench`` (control/cli.py adds this parser): run a preset, write results.json,
+report.md and the plots. Without the CLI: ``python -m bench.cli --preset quick``.
 """
 
 from __future__ import annotations
