@@ -149,7 +149,13 @@ def test_sigterm_drains_in_flight_requests_then_exits_cleanly(
             assert draining.json()["reason"] == "draining"
             refused = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
             assert refused.status_code == 503
-            assert http.get("/admin/state").status_code == 503
+            assert refused.json()["error"]["message"] == "the server is shutting down"
+            assert refused.headers["retry-after"] == "5"
+            admin = http.get("/admin/state")
+            assert (admin.status_code, admin.json()) == (
+                503,
+                {"detail": "the server is shutting down"},
+            )
             assert http.get("/health").status_code == 200
             assert stream.thread.is_alive()  # still streaming while we were refused
 

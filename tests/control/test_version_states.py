@@ -150,6 +150,29 @@ def test_stored_params_the_engine_refuses_at_start_up_are_failed_with_the_reason
         assert again.get("/admin/policy").json()["status"]["state"] == "applied"
 
 
+def test_version_left_pending_by_a_crash_is_put_in_force_at_start_up(
+    http: httpx.Client, server: ServerProcess
+) -> None:
+    """Stored, then the process died before the engine took it: the next start applies it."""
+    version = http.get("/admin/policy").json()["version"]
+    server.stop()
+    with sqlite3.connect(server.db) as db:
+        db.execute(
+            "INSERT INTO policy_version (version, policy_name, policy_params, memory_reserve, "
+            "reclaim_interval_s, explicit, actor, reason, created_at, state) "
+            "VALUES (?, 'dynamic', '{\"length_window\": 64}', 0.1, 5.0, '[\"policy.name\"]', "
+            "'alice', 'before the crash', '2026-11-30 06:00:00', 'pending')",
+            (version + 1,),
+        )
+    server.start()
+    with server.client(headers=ADMIN) as after:
+        view = after.get("/admin/policy").json()
+        assert (view["version"], view["status"]["state"]) == (version + 1, "applied")
+        snap = state(after)
+        assert (snap["version"], snap["scheduler"]["policy"]) == (version + 1, "dynamic")
+        assert snap["scheduler"]["params"]["length_window"] == 64
+
+
 def test_rollback_answers_its_state(http: httpx.Client) -> None:
     response = http.post("/admin/policy/rollback/1", json={"reason": ""})
     assert response.status_code == 200, response.text
