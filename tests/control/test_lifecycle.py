@@ -128,11 +128,12 @@ def test_sigterm_drains_in_flight_requests_then_exits_cleanly(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """SIGTERM: /ready turns 503 at once and new requests get 503 while the stream in flight
-    (held up by a stall, so it surely is) finishes complete; then exit 0, WAL folded back."""
+    (held up by a stall, so it surely is) finishes complete; then exit 0, WAL folded back.
+    Draining outranks stalled as the reason /ready gives."""
     server = ServerProcess(
         tiny_model_dir,
         tmp_path,
-        ["--admin-token", TOKEN, "--drain-timeout-s", "60"],
+        ["--admin-token", TOKEN, "--drain-timeout-s", "60", "--stall-timeout-s", "1"],
         {"SERVEDECK_TESTING": "1"},
     )
     server.start()
@@ -142,8 +143,9 @@ def test_sigterm_drains_in_flight_requests_then_exits_cleanly(
         with server.client(headers=ADMIN) as http:
             stream = Stream(server, max_tokens=120)
             wait_for(lambda: state(http)["queue"]["running"] == 1)
-            assert http.post("/admin/testing/stall", params={"seconds": 3}).status_code == 200
-            proc.send_signal(signal.SIGTERM)
+            assert http.post("/admin/testing/stall", params={"seconds": 5}).status_code == 200
+            wait_for(lambda: ready(server).json().get("reason") == "stalled", timeout=10)
+            proc.send_signal(signal.SIGTERM)  # the stream has about 4 s of stall left
 
             draining = wait_for(lambda: (r := ready(server)).status_code == 503 and r, timeout=5)
             assert draining.json()["reason"] == "draining"

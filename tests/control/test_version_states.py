@@ -55,11 +55,12 @@ def test_migration_0002_marks_stored_versions_applied(tmp_path: Path) -> None:
 def server(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    """A change waits at most 1 s for the engine, then stays pending and is retried."""
+    """A change waits at most 1 s for the engine, then stays pending and is retried; a loop
+    busy without progress for 1 s is stalled (how a test knows its injected stall began)."""
     proc = ServerProcess(
         tiny_model_dir,
         tmp_path_factory.mktemp("states-server"),
-        ["--admin-token", TOKEN, "--policy-apply-timeout-s", "1"],
+        ["--admin-token", TOKEN, "--policy-apply-timeout-s", "1", "--stall-timeout-s", "1"],
         {"SERVEDECK_TESTING": "1"},
     )
     proc.start()
@@ -106,7 +107,8 @@ def test_change_the_engine_cannot_take_in_time_is_200_pending_then_applied(
     reader = threading.Thread(target=stream)
     reader.start()
     wait_for(lambda: state(http)["queue"]["running"] == 1)
-    assert http.post("/admin/testing/stall", params={"seconds": 4}).status_code == 200
+    assert http.post("/admin/testing/stall", params={"seconds": 5}).status_code == 200
+    wait_for(lambda: http.get("/ready").json().get("reason") == "stalled", timeout=10)
     version = http.get("/admin/policy").json()["version"]
 
     response = http.put(
