@@ -89,7 +89,7 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     add("--max-body-bytes", type=int, help="request bodies past this get 413 (4 MiB)")
     add("--max-json-depth", type=int, help="JSON nested deeper gets 400 (64)")
     add("--max-stop-strings", type=int, help="stop strings per request (16)")
-    add("--max-stop-chars", type=int, help="characters of a request's stop strings (4096)")
+    add("--max-stop-length", type=int, help="characters of one stop string (256)")
     add("--max-num-seqs", type=int)
     add("--max-num-batched-tokens", type=int)
     add("--reclaim-interval-s", type=float, help="override of the stored sweep interval")

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -58,42 +59,59 @@ def _valid_unicode(value: str, field: str) -> str:
     return value
 
 
+def _json_integer(value: Any) -> Any:
+    """JSON Schema's integer includes ``1.0``: an integral float becomes its int (a bool, a
+    string or ``2.5`` is still refused)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JsonInt = Annotated[StrictInt, BeforeValidator(_json_integer)]
+"""An integer as JSON Schema's ``integer`` means it: ``3`` or ``3.0``, never ``true``/``"3"``."""
+
+
 class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
-TextPrompt = Annotated[str, Field(min_length=1)]
-TokenPrompt = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
+TextPrompt = Annotated[StrictStr, Field(min_length=1)]
+TokenId = Annotated[StrictInt, Field(ge=0), BeforeValidator(_json_integer)]
+"""A ``JsonInt`` >= 0 (the bound before the validator, so the JSON schema says ``minimum``)."""
+TokenPrompt = Annotated[list[TokenId], Field(min_length=1)]
+Seed = Annotated[
+    StrictInt, Field(ge=SEED_BOUNDS[0], le=SEED_BOUNDS[1]), BeforeValidator(_json_integer)
+]
+StopString = Annotated[StrictStr, Field(min_length=1)]
 
 
 class CompletionRequest(BaseModel):
     """Types are strict where OpenAI's schema is (no ``"yes"`` for a boolean, no ``true`` for
     a token id); numbers may be written as integers. Limits that depend on the server's
-    settings (stop list size, prompt length) are checked by the route and answer 400."""
+    settings (stop list size, prompt length) are checked by the route and answer 400; the
+    stop list's are written into ``/openapi.json`` from the settings
+    (``control.api.limits.document_stop_limits``)."""
 
     model: StrictStr | None = None
     prompt: TextPrompt | TokenPrompt = Field(description="Text, or token ids (not empty).")
-    max_tokens: StrictInt = Field(
+    max_tokens: JsonInt = Field(
         16, ge=1, description="Prompt tokens + max_tokens must fit max_model_len."
     )
     temperature: StrictFloat = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: StrictFloat = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: StrictInt = Field(0, ge=-1, description="0 or -1: no top-k cut.")
-    seed: StrictInt | None = Field(
-        None,
-        ge=SEED_BOUNDS[0],
-        le=SEED_BOUNDS[1],
-        description="The request's own random generator; |seed| <= 2**53.",
+    top_k: JsonInt = Field(0, ge=-1, description="0 or -1: no top-k cut.")
+    seed: Seed | None = Field(
+        None, description="The request's own random generator; |seed| <= 2**53."
     )
-    stop: StrictStr | list[StrictStr] | None = Field(
+    stop: StopString | list[StopString] | None = Field(
         None,
-        description="Non-empty strings; at most max_stop_strings of them, max_stop_chars in "
-        "all (server settings).",
+        description="Non-empty strings: at most max_stop_strings of them, each at most "
+        "max_stop_length characters (server settings).",
     )
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = Field(False, description="Extension: keep generating past EOS.")
-    n: StrictInt = Field(1, ge=1, le=1, description="Only one choice per request is supported.")
+    n: JsonInt = Field(1, ge=1, le=1, description="Only one choice per request is supported.")
 
     @field_validator("model")
     @classmethod
@@ -107,10 +125,8 @@ class CompletionRequest(BaseModel):
 
     @field_validator("stop")
     @classmethod
-    def _stops_not_empty(cls, value: str | list[str] | None) -> list[str]:
+    def _stops_as_list(cls, value: str | list[str] | None) -> list[str]:
         stops = [value] if isinstance(value, str) else list(value or [])
-        if any(not s for s in stops):
-            raise ValueError("stop strings must be non-empty")
         for stop in stops:
             _valid_unicode(stop, "stop")
         return stops

@@ -25,7 +25,7 @@ from fastapi import FastAPI
 
 import control.models  # noqa: F401  (tables on SQLModel.metadata before anything queries)
 from control import migrate
-from control.api import errors, limits
+from control.api import errors, limits, openapi
 from control.api.main import api_router
 from control.api.middleware import RequestGuard, install_log_filter
 from control.core.config import Settings
@@ -80,6 +80,9 @@ def create_app(
 
         app.include_router(testing.router)
     errors.install(app)
+    openapi.document_limits(
+        app, settings.max_stop_strings, settings.max_stop_length, lambda: _vocab_size(app)
+    )
     app.add_middleware(
         RequestGuard,
         max_body_bytes=settings.max_body_bytes,
@@ -87,6 +90,12 @@ def create_app(
     )
     install_log_filter()
     return app
+
+
+def _vocab_size(app: FastAPI) -> int | None:
+    ctx = getattr(app.state, "ctx", None)
+    runtime = None if ctx is None else ctx.runtime
+    return None if runtime is None else runtime.llm_engine.vocab_size
 
 
 def token_file(db_path: Path) -> Path:

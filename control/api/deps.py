@@ -77,23 +77,22 @@ def require_admin(
 
 AdminDep = Depends(require_admin)
 
-_api_key_bearer = HTTPBearer(
-    auto_error=False, scheme_name="APIKey", description="The API key (when the server has one)."
-)
 
-
-def require_api_key(
-    ctx: ContextDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_api_key_bearer)],
-) -> None:
+def require_api_key(ctx: ContextDep, request: Request) -> None:
     """With ``--api-key`` set, /v1 needs ``Authorization: Bearer <key>`` (compared in constant
-    time); 401 in OpenAI's shape without it or with a wrong one."""
+    time); 401 in OpenAI's shape without it or with a wrong one. The header is read here, not
+    through a security scheme: the key is optional per server, so ``/openapi.json`` declares
+    the 401 and no scheme every request would have to satisfy."""
     key = ctx.settings.api_key
     if key is None:
         return
-    given = b"" if credentials is None else credentials.credentials.encode()
-    if not hmac.compare_digest(given, key.get_secret_value().encode()):
-        problem = "missing" if credentials is None else "not valid"
+    header = request.headers.get("authorization")
+    scheme, _, given = (header or "").partition(" ")
+    valid = scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), key.get_secret_value().encode()
+    )
+    if not valid:
+        problem = "missing" if header is None else "not valid"
         raise ApiError(
             401,
             f"API key {problem}: send 'Authorization: Bearer <key>'",

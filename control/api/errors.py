@@ -159,6 +159,24 @@ def invalid_request(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     return (f"{param}: {listed}" if param else listed), param
 
 
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+"""OpenAI's code for a prompt (plus ``max_tokens``) that does not fit the context."""
+_CONTEXT_WORDS = ("max_model_len", "KV pool")
+
+
+def rejection_code(exc: RequestRejected) -> str:
+    """``error.code`` of an engine refusal: the engine's own ``code`` when it gives one, else
+    ``context_length_exceeded`` for a request past the context (``max_tokens``, or a prompt
+    refused for ``max_model_len`` or the KV pool), else ``invalid_value``."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, str):
+        return code
+    message = str(exc)
+    if exc.param == "max_tokens" or any(word in message for word in _CONTEXT_WORDS):
+        return CONTEXT_LENGTH_EXCEEDED
+    return "invalid_value"
+
+
 def install(app: FastAPI) -> None:
     def answer(request: Request, status: int, message: str, **kwargs: Any) -> JSONResponse:
         return error_response(request.url.path, status, message, **kwargs)
@@ -189,7 +207,7 @@ def install(app: FastAPI) -> None:
         message = str(exc)
         if exc.param not in message:
             message = f"{exc.param}: {message}"
-        return answer(request, 400, message, param=exc.param, code="invalid_value")
+        return answer(request, 400, message, param=exc.param, code=rejection_code(exc))
 
     @app.exception_handler(QueueFull)
     async def queue_full(request: Request, exc: QueueFull) -> JSONResponse:

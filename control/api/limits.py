@@ -18,17 +18,17 @@ from engine.engine import LLMEngine
 from engine.errors import RequestRejected
 
 
-def check_stop_list(stops: list[str], max_strings: int, max_chars: int) -> None:
-    """Every stop string is searched for after every token: bound how many, and how long."""
+def check_stop_list(stops: list[str], max_strings: int, max_length: int) -> None:
+    """Every stop string is searched for after every token: bound how many, and how long
+    each (so their total is bounded too)."""
     if len(stops) > max_strings:
         raise RequestRejected(
             f"stop has {len(stops)} strings; at most {max_strings} are allowed", "stop"
         )
-    total = sum(len(stop) for stop in stops)
-    if total > max_chars:
+    longest = max((len(stop) for stop in stops), default=0)
+    if longest > max_length:
         raise RequestRejected(
-            f"stop strings have {total} characters in all; at most {max_chars} are allowed",
-            "stop",
+            f"a stop string has {longest} characters; at most {max_length} are allowed", "stop"
         )
 
 

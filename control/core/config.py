@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     )
     max_json_depth: int = Field(64, ge=2, description="Deeper JSON nesting gets 400.")
     max_stop_strings: int = Field(16, ge=1, description="Stop strings a request may give.")
-    max_stop_chars: int = Field(4096, ge=1, description="Characters of all its stop strings.")
+    max_stop_length: int = Field(256, ge=1, description="Characters of one stop string.")
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int = Field(2048, ge=1)
     num_threads: int | None = Field(None, ge=1)

@@ -32,6 +32,10 @@ INVALID = [
     ('"prompt": "Hi", "max_tokens": "5"', "max_tokens"),
     ('"prompt": "Hi", "max_tokens": 2.5', "max_tokens"),
     ('"prompt": "Hi", "top_k": true', "top_k"),
+    ('"prompt": "Hi", "n": true', "n"),
+    ('"prompt": "Hi", "n": 2', "n"),
+    ('"prompt": "Hi", "stop": ""', "stop"),
+    ('"prompt": "Hi", "stop": ["a", ""]', "stop"),
     ('"prompt": "Hi", "ignore_eos": 1', "ignore_eos"),
     ('"prompt": "Hi", "model": 5', "model"),
     ('"prompt": "Hi", "stream_options": {"include_usage": "yes"}', "stream_options.include_usage"),
@@ -68,10 +72,12 @@ def test_stream_must_be_a_boolean(client: httpx.Client, fields: str) -> None:
     assert_openai_error(post_raw(client, f'{{"prompt": "Hi", {fields}}}'), 400, "stream")
 
 
-def test_numbers_may_be_written_as_integers(client: httpx.Client) -> None:
-    body = {"prompt": "Hi", "max_tokens": 2, "temperature": 1, "top_p": 1, "seed": 2**53}
-    response = client.post("/v1/completions", json=body)
+def test_numbers_are_taken_as_json_schema_reads_them(client: httpx.Client) -> None:
+    """A number may be written as an integer, and an integer as 3.0 (JSON Schema's rule)."""
+    body = {"prompt": [5.0, 17], "max_tokens": 2.0, "temperature": 1, "top_p": 1, "n": 1.0}
+    response = client.post("/v1/completions", json={**body, "seed": 2**53})
     assert response.status_code == 200, response.text
+    assert response.json()["usage"]["prompt_tokens"] == 2
 
 
 def test_invalid_json_is_400_in_openai_shape(client: httpx.Client) -> None:
@@ -90,9 +96,11 @@ def test_admin_422_renders_non_finite_numbers_and_surrogates(client: httpx.Clien
 
 def test_streamed_request_refused_before_its_first_token_gets_json(client: httpx.Client) -> None:
     too_long = {"prompt": list(range(5, 3000)), "stream": True}
-    assert_openai_error(client.post("/v1/completions", json=too_long), 400, "prompt")
+    error = assert_openai_error(client.post("/v1/completions", json=too_long), 400, "prompt")
+    assert error["code"] == "context_length_exceeded"
     past_context = {"prompt": "Hi", "max_tokens": 10**6, "stream": True}
-    assert_openai_error(client.post("/v1/completions", json=past_context), 400, "max_tokens")
+    response = client.post("/v1/completions", json=past_context)
+    assert assert_openai_error(response, 400, "max_tokens")["code"] == "context_length_exceeded"
     unknown = {"prompt": "Hi", "model": "gpt-9", "stream": True}
     assert_openai_error(client.post("/v1/completions", json=unknown), 404, "model")
 
@@ -158,14 +166,15 @@ def test_a_hundred_thousand_stop_strings_are_refused(client: httpx.Client) -> No
     assert "100000 strings" in error["message"]
 
 
-def test_stop_list_bounds_count_and_characters(client: httpx.Client) -> None:
+def test_stop_list_bounds_count_and_length(client: httpx.Client) -> None:
     ok = {"prompt": "Hi", "max_tokens": 2, "stop": [f"stop{i}" for i in range(16)]}
     assert client.post("/v1/completions", json=ok).status_code == 200
     too_many = {**ok, "stop": [*ok["stop"], "one more"]}
     assert_openai_error(client.post("/v1/completions", json=too_many), 400, "stop")
-    too_long = {**ok, "stop": ["z" * 4097]}
+    too_long = {**ok, "stop": ["z" * 257]}
     error = assert_openai_error(client.post("/v1/completions", json=too_long), 400, "stop")
-    assert "4097 characters" in error["message"]
+    assert "257 characters" in error["message"]
+    assert client.post("/v1/completions", json={**ok, "stop": "z" * 256}).status_code == 200
 
 
 def probe_health(client: httpx.Client, seconds: float) -> float:
@@ -191,3 +200,4 @@ def test_text_that_cannot_fit_is_refused_before_tokenizing(client: httpx.Client)
         assert slowest.result() < 0.5
     assert took < 1.5
     assert "max_model_len" in error["message"]
+    assert error["code"] == "context_length_exceeded"

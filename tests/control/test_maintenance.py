@@ -152,7 +152,7 @@ async def test_reserve_holds_new_requests_back_while_running_ones_finish_and_429
         full = await http.post("/v1/completions", json={"prompt": "one too many", "max_tokens": 2})
         assert full.status_code == 429
         assert full.headers["retry-after"] == "1"
-        assert "max_waiting=2" in full.json()["detail"]
+        assert "max_waiting=2" in full.json()["error"]["message"]
 
         long_events = await read_to_end(long_lines)
         results = await asyncio.gather(*(read_to_end(r.aiter_lines()) for r in short_responses))

@@ -141,10 +141,21 @@ def test_openapi_declares_every_public_answer(client: httpx.Client) -> None:
     for status in ("400", "401", "404", "413", "429", "500", "503"):
         schema = completions[status]["content"]["application/json"]["schema"]
         assert schema == {"$ref": "#/components/schemas/ErrorResponse"}
-    assert "text/event-stream" in completions["200"]["content"]
+    event = completions["200"]["content"]["text/event-stream"]["schema"]
+    assert (event["type"], event["required"]) == ("object", ["data"])
+    operations = [spec["paths"]["/v1/completions"]["post"], spec["paths"]["/v1/models"]["get"]]
+    assert not any("security" in operation for operation in operations)  # the key is optional
     models = spec["paths"]["/v1/models"]["get"]["responses"]
     assert {"401", "500", "503"} <= set(models)
     request = spec["components"]["schemas"]["CompletionRequest"]["properties"]
     text, tokens = request["prompt"]["anyOf"]
     assert (text["minLength"], tokens["minItems"], tokens["items"]["type"]) == (1, 1, "integer")
+    assert (tokens["items"]["minimum"], tokens["items"]["maximum"]) == (0, 4095)  # tiny: 4096
     assert request["stream"]["type"] == "boolean"
+    one, many, _ = request["stop"]["anyOf"]
+    assert (one["minLength"], one["maxLength"]) == (1, 256)
+    assert (many["maxItems"], many["items"]["maxLength"], many["items"]["minLength"]) == (
+        16,
+        256,
+        1,
+    )

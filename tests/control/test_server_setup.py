@@ -35,7 +35,7 @@ def test_health_is_503_while_loading_and_after_a_failed_load(
         assert client.get("/health").status_code == 503
         assert client.get("/health").json() == {"status": "loading"}
         response = client.post("/v1/completions", json={"prompt": "hi"})
-        assert (response.status_code, response.json()["detail"]) == (
+        assert (response.status_code, response.json()["error"]["message"]) == (
             503,
             "the model is still loading",
         )

@@ -32,11 +32,23 @@ DISCONNECT_POLL_S = 0.25
 CLIENT_GONE = 499
 T = TypeVar("T")
 
+SSE_EVENT = {
+    "type": "object",
+    "description": "One server-sent event (the schema of each event, as OpenAPI 3.1 reads it).",
+    "properties": {
+        "data": {
+            "type": "string",
+            "description": "A CompletionResponse chunk as JSON; an ErrorResponse as JSON if the "
+            "request failed midway; `[DONE]` last.",
+        }
+    },
+    "required": ["data"],
+}
 RESPONSES = {
     200: {
         "description": "The completion; with `stream: true`, server-sent events of "
         "CompletionResponse chunks ending in `data: [DONE]`.",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "content": {"text/event-stream": {"schema": SSE_EVENT}},
     },
     **public_errors(400, 401, 404, 413, 429, 500, 503),
 }
@@ -55,7 +67,7 @@ async def create_completion(
             reason="unknown_model",
         )
     settings = ctx.settings
-    check_stop_list(list(body.stop or []), settings.max_stop_strings, settings.max_stop_chars)
+    check_stop_list(list(body.stop or []), settings.max_stop_strings, settings.max_stop_length)
     token_ids = await prompt_token_ids(body.prompt, runtime.llm_engine)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     stream = runtime.engine.add_request(token_ids, sampling_params(body), request_id)
@@ -72,16 +84,11 @@ async def create_completion(
             choices=[_choice(final, final.text)],
             usage=_usage(final),
         )
-    # The first output before any header: a request refused or failed before its first
-    # token answers with a JSON error (the handlers), not with an event stream.
-    try:
-        first = await _unless_gone(anext(stream), request)
-    except BaseException:
-        await stream.aclose()
-        raise
+    # Every refusal was raised above, before this: it answers with a JSON error, never with
+    # an event stream. The stream starts at once (clients see the queue time as time to
+    # first token); a failure from here on ends it with an error event.
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     events = _events(
-        first,
         stream,
         Chunker(request_id, created, runtime.model_name),
         include_usage,
@@ -144,20 +151,14 @@ class Chunker:
 
 
 async def _events(
-    first: RequestOutput,
     stream: RequestStream,
     chunk: Chunker,
     include_usage: bool,
     on_failure: Callable[[], None],
 ) -> AsyncIterator[str]:
-    async def outputs() -> AsyncIterator[RequestOutput]:
-        yield first
-        async for output in stream:
-            yield output
-
     last: RequestOutput | None = None
     try:
-        async for output in outputs():
+        async for output in stream:
             last = output
             if output.text_delta or output.finished:
                 yield chunk([_choice(output, output.text_delta)])

@@ -1,0 +1,60 @@
+"""``/openapi.json`` says what the server's validation does, including the limits that come
+from its settings and its model: the stop list's bounds, and the token ids the model has.
+
+FastAPI builds the schema from the static models once and caches it; this writes the
+server's own figures into that cached copy. While the model loads, the vocabulary is not known
+yet: the schema is then not cached, and built again on the next request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+
+
+def document_stop_limits(schema: dict[str, Any], max_strings: int, max_length: int) -> None:
+    """``maxItems``/``maxLength`` of ``CompletionRequest.stop`` (what ``check_stop_list``
+    enforces), in place."""
+    stop = _completion_request(schema)["stop"]
+    for branch in stop["anyOf"]:
+        if branch.get("type") == "string":
+            branch["maxLength"] = max_length
+        elif branch.get("type") == "array":
+            branch["maxItems"] = max_strings
+            branch["items"]["maxLength"] = max_length
+
+
+def document_vocab_size(schema: dict[str, Any], vocab_size: int) -> None:
+    """``maximum`` of the token ids in ``CompletionRequest.prompt`` (the engine refuses an id
+    outside the vocabulary), in place."""
+    for branch in _completion_request(schema)["prompt"]["anyOf"]:
+        if branch.get("type") == "array":
+            branch["items"]["maximum"] = vocab_size - 1
+
+
+def _completion_request(schema: dict[str, Any]) -> dict[str, Any]:
+    return schema["components"]["schemas"]["CompletionRequest"]["properties"]
+
+
+def document_limits(
+    app: FastAPI, max_strings: int, max_length: int, vocab_size: Callable[[], int | None]
+) -> None:
+    """Make ``app.openapi()`` carry the stop-list bounds and, once ``vocab_size()`` knows it,
+    the vocabulary size."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()  # FastAPI caches it in app.openapi_schema
+        document_stop_limits(schema, max_strings, max_length)
+        vocab = vocab_size()
+        if vocab is not None:
+            document_vocab_size(schema, vocab)
+        else:
+            app.openapi_schema = None  # build it again once the model is loaded
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
