@@ -17,6 +17,7 @@ ADMIN_ROUTES = [
     ("POST", "/admin/reclaim"),
     ("GET", "/admin/jobs"),
     ("POST", "/admin/testing/leak/some-request"),
+    ("POST", "/admin/testing/stall?seconds=1"),
 ]
 WRONG_TOKEN = "wrong-token-91b2e7"
 
