@@ -9,24 +9,63 @@ request; an exception from ``execute`` (a failing forward) fails the whole step.
 
 from __future__ import annotations
 
-import itertools
 import time
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
-from engine.batch import ScheduledBatch, StepResult
-from engine.decode_gather import DecodeGatherCache
+from engine.batch import ScheduledBatch, ScheduledSeq, StepResult
 from engine.model.llama import LlamaForCausalLM
 from engine.sampler import Sampler
 from engine.sequence import Sequence
-from kernels.attention import AttentionMetadata, Backend
+from kernels.attention import (
+    AttentionBackend,
+    AttentionInputs,
+    AttentionMetadata,
+    Backend,
+    make_attention_backend,
+)
 
 
 class Runner(Protocol):
     last_forward_s: float
 
     def execute(self, batch: ScheduledBatch) -> StepResult: ...
+
+
+class DecodePart(NamedTuple):
+    """The step's decode rows (one token each, pad rows included), shortest context first."""
+
+    token_ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    seq_ids: list[str]
+    seq_lens: list[int]
+    block_tables: list[list[int]]
+    sample_rows: dict[int, int]
+    """``id(entry)`` -> its row among the decode rows, for the entries that sample."""
+
+
+class PrefillPart(NamedTuple):
+    """The step's prefill chunks, each with its padding, packed one after another."""
+
+    token_ids: list[int]
+    positions: list[int]
+    slots: list[torch.Tensor]
+    seq_lens: list[int]
+    query_start_loc: list[int]
+    block_tables: list[list[int]]
+    sample_rows: dict[int, int]
+    """``id(entry)`` -> the row of its last real token among the prefill rows."""
+
+
+class StepInputs(NamedTuple):
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_rows: list[int]
+    """Rows of the packed batch to sample from, in batch order (``sample_seqs``)."""
+    sample_seqs: list[Sequence]
 
 
 class ModelRunner:
@@ -42,56 +81,64 @@ class ModelRunner:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
-        self.backend = backend
+        self.attention: AttentionBackend = make_attention_backend(backend, kv_caches, block_size)
+        """Chosen once, here; owns whatever it keeps between steps (kernels.attention)."""
         self.sampler = sampler
         self.pad_token_id = pad_token_id
         self.device = kv_caches[0].device
         self.last_forward_s = 0.0
-        self._step = 0
-        self.decode_gathers = DecodeGatherCache(
-            kv_caches, block_size, sum(c.numel() * c.element_size() for c in kv_caches)
-        )
-        """Decode gather buffers; kept per layer across steps up to as many bytes as the pool."""
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> StepResult:
-        self._step += 1
         if batch.block_copies:
-            self._copy_blocks(batch.block_copies)
-        input_ids, positions, meta, sample_rows, sample_seqs = self._prepare(batch)
+            self.attention.copy_blocks(batch.block_copies)
+        step = self._prepare(batch)
         started = time.perf_counter()
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        hidden = self.model(step.input_ids, step.positions, self.attention, step.meta)
         result = StepResult([])
-        if sample_rows:
-            rows = torch.tensor(sample_rows, device=self.device)
+        if step.sample_rows:
+            rows = torch.tensor(step.sample_rows, device=self.device)
             logits = self.model.compute_logits(hidden.index_select(0, rows))
-            result = self.sampler(logits, sample_seqs)
+            result = self.sampler(logits, step.sample_seqs)
         elif self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.last_forward_s = time.perf_counter() - started
         return result
 
-    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        src = torch.tensor([s for s, _ in copies], device=self.device)
-        dst = torch.tensor([d for _, d in copies], device=self.device)
-        for cache in self.kv_caches:
-            cache[:, dst] = cache[:, src]
-
-    def _prepare(self, batch: ScheduledBatch):
-        size = self.block_size
-        decodes = sorted(
-            (e for e in batch.entries if e.query_len == 1),
-            key=lambda e: e.seq.num_computed_tokens,
+    def _prepare(self, batch: ScheduledBatch) -> StepInputs:
+        decode = self._prepare_decode([e for e in batch.entries if e.query_len == 1])
+        prefill = self._prepare_prefill([e for e in batch.entries if e.query_len > 1])
+        slot_mapping = torch.tensor(decode.slots, dtype=torch.int64)
+        if prefill.slots:
+            slot_mapping = torch.cat([slot_mapping, *prefill.slots])
+        meta = self.attention.prepare(
+            AttentionInputs(
+                slot_mapping=slot_mapping,
+                decode_seq_ids=decode.seq_ids,
+                decode_block_tables=decode.block_tables,
+                decode_seq_lens=decode.seq_lens,
+                prefill_block_tables=prefill.block_tables,
+                prefill_seq_lens=prefill.seq_lens,
+                prefill_query_start_loc=prefill.query_start_loc,
+            )
         )
-        prefills = [e for e in batch.entries if e.query_len > 1]
-        ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        decode_lens: list[int] = []
-        decode_tables: list[list[int]] = []
-        new_positions: list[int] = []
-        sample_index: dict[int, int] = {}
-        for entry in decodes:
+        offset = len(decode.token_ids)
+        rows = decode.sample_rows | {k: offset + r for k, r in prefill.sample_rows.items()}
+        sampled = [e for e in batch.entries if e.sample]
+        dev = self.device
+        return StepInputs(
+            torch.tensor(decode.token_ids + prefill.token_ids, dtype=torch.int64, device=dev),
+            torch.tensor(decode.positions + prefill.positions, dtype=torch.int64, device=dev),
+            meta,
+            [rows[id(e)] for e in sampled],
+            [e.seq for e in sampled],
+        )
+
+    def _prepare_decode(self, entries: list[ScheduledSeq]) -> DecodePart:
+        """One token per row; a pad row recomputes its last token and stores nothing."""
+        size = self.block_size
+        part = DecodePart([], [], [], [], [], [], {})
+        for entry in sorted(entries, key=lambda e: e.seq.num_computed_tokens):
             seq = entry.seq
             if entry.kind == "pad":
                 p = seq.num_computed_tokens - 1
@@ -100,108 +147,34 @@ class ModelRunner:
                 p = seq.num_computed_tokens
                 slot, seq_len = seq.block_table[p // size] * size + p % size, p + 1
             if entry.sample:
-                sample_index[id(entry)] = len(ids)
-            ids.append(seq.token_ids[p])
-            pos.append(p)
-            slots.append(slot)
-            new_positions.append(-1 if slot < 0 else p)
-            decode_lens.append(seq_len)
-            decode_tables.append(seq.block_table[: -(-seq_len // size)])
-        prefill_lens: list[int] = []
-        query_start = [0]
-        prefill_tables: list[list[int]] = []
-        prefill_slots: list[torch.Tensor] = []
-        for entry in prefills:
+                part.sample_rows[id(entry)] = len(part.token_ids)
+            part.token_ids.append(seq.token_ids[p])
+            part.positions.append(p)
+            part.slots.append(slot)
+            part.seq_ids.append(seq.seq_id)
+            part.seq_lens.append(seq_len)
+            part.block_tables.append(seq.block_table[: -(-seq_len // size)])
+        return part
+
+    def _prepare_prefill(self, entries: list[ScheduledSeq]) -> PrefillPart:
+        """Each chunk's real tokens, then its padding (stored in the row's reserved slots)."""
+        size = self.block_size
+        part = PrefillPart([], [], [], [], [0], [], {})
+        for entry in entries:
             seq = entry.seq
             start, real = seq.num_computed_tokens, entry.num_new_tokens
             seq_len = start + real + entry.num_pad_tokens
             if entry.sample:
-                sample_index[id(entry)] = len(ids) + real - 1
-            ids.extend(seq.token_ids[start : start + real])
-            ids.extend([self.pad_token_id] * entry.num_pad_tokens)
-            pos.extend(range(start, seq_len))
+                part.sample_rows[id(entry)] = len(part.token_ids) + real - 1
+            part.token_ids.extend(seq.token_ids[start : start + real])
+            part.token_ids.extend([self.pad_token_id] * entry.num_pad_tokens)
+            part.positions.extend(range(start, seq_len))
             table = seq.block_table[: -(-seq_len // size)]
             if len(table) * size < seq_len:
                 raise RuntimeError(f"sequence {seq.seq_id} has no slots for its padding")
-            prefill_tables.append(table)
-            prefill_lens.append(seq_len)
-            query_start.append(query_start[-1] + real + entry.num_pad_tokens)
-            positions_t = torch.arange(start, seq_len)
-            prefill_slots.append(
-                torch.tensor(table)[positions_t // size] * size + positions_t % size
-            )
-        slot_mapping = torch.tensor(slots, dtype=torch.int64)
-        if prefill_slots:
-            slot_mapping = torch.cat([slot_mapping, *prefill_slots])
-        sample_rows: list[int] = []
-        sample_seqs: list[Sequence] = []
-        for entry in batch.entries:
-            if entry.sample:
-                sample_rows.append(sample_index[id(entry)])
-                sample_seqs.append(entry.seq)
-        buckets = _length_buckets([len(t) for t in decode_tables])
-        layer_workspaces, kept_positions = self._decode_buffers(
-            batch, decodes, decode_tables, buckets, new_positions
-        )
-        meta = AttentionMetadata(
-            slot_mapping=slot_mapping.to(self.device),
-            num_decode_tokens=len(decodes),
-            decode_block_tables=self._table_tensor(decode_tables),
-            decode_seq_lens=torch.tensor(decode_lens, dtype=torch.int32, device=self.device),
-            prefill_block_tables=self._table_tensor(prefill_tables),
-            prefill_seq_lens=prefill_lens,
-            prefill_query_start_loc=query_start,
-            prefill_seq_lens_tensor=torch.tensor(
-                prefill_lens, dtype=torch.int32, device=self.device
-            ),
-            prefill_query_start_loc_tensor=torch.tensor(
-                query_start, dtype=torch.int32, device=self.device
-            ),
-            max_prefill_query_len=max(
-                (b - a for a, b in itertools.pairwise(query_start)), default=0
-            ),
-            backend=self.backend,
-            layer_workspaces=layer_workspaces,
-            kept_positions=kept_positions,
-            decode_buckets=buckets,
-        )
-        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
-        positions = torch.tensor(pos, dtype=torch.int64, device=self.device)
-        return input_ids, positions, meta, sample_rows, sample_seqs
-
-    def _table_tensor(self, tables: list[list[int]]) -> torch.Tensor:
-        width = max((len(t) for t in tables), default=0)
-        rows = [t + [0] * (width - len(t)) for t in tables]
-        return torch.tensor(rows, dtype=torch.int32, device=self.device).view(len(tables), width)
-
-    def _decode_buffers(self, batch, decodes, tables, buckets, new_positions):
-        """Where the torch decode path gathers each layer's blocks, and whether last step's
-        gather still holds (engine.decode_gather)."""
-        if self.backend != "torch" or not tables:
-            return None, None
-        layout = buckets or [(0, len(tables), max(len(t) for t in tables))]
-        return self.decode_gathers.plan(
-            self._step,
-            [entry.seq.seq_id for entry in decodes],
-            tables,
-            layout,
-            new_positions,
-            bool(batch.block_copies),
-        )
-
-
-def _length_buckets(widths: list[int]) -> list[tuple[int, int, int]] | None:
-    """Split rows sorted by block count in two where that saves a fifth of the gather.
-
-    The decode gather pads every row's block table to the longest; with mixed lengths a
-    short half and a long half each padded to their own longest gather far less.
-    """
-    if len(widths) < 8:
-        return None
-    full = len(widths) * widths[-1]
-    cost, split = min(
-        (k * widths[k - 1] + (len(widths) - k) * widths[-1], k) for k in range(1, len(widths))
-    )
-    if cost > 0.8 * full:
-        return None
-    return [(0, split, widths[split - 1]), (split, len(widths), widths[-1])]
+            part.block_tables.append(table)
+            part.seq_lens.append(seq_len)
+            part.query_start_loc.append(part.query_start_loc[-1] + real + entry.num_pad_tokens)
+            positions = torch.arange(start, seq_len)
+            part.slots.append(torch.tensor(table)[positions // size] * size + positions % size)
+        return part

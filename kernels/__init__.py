@@ -1,1 +1,1 @@
-"""Attention and KV-cache kernels: a torch reference (CPU) and Triton (CUDA)."""
+"""Attention backends over the paged KV cache (torch on CPU, Triton on CUDA) and the plain oracle."""

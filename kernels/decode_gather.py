@@ -1,4 +1,5 @@
-"""Decode blocks gathered once per layer and kept while the batch stays the same.
+"""The torch backend's decode buffers: blocks gathered once per layer and kept while the batch
+stays the same.
 
 The torch decode path copies every decode row's blocks into dense buffers, layer by layer,
 each step: about a quarter of a batch-64 decode step on CPU. Between two consecutive steps
@@ -6,8 +7,8 @@ with the same rows in the same bucket layout those copies differ only by the tok
 writes, so each layer keeps its own buffers and the next step copies in just its new tokens.
 A row's table may grow by the block its new token opens: the rest of that block lies past the
 row's length, masked. Anything else (a row joins, leaves or moves, a bucket widens, a block is
-copied on write, a step is skipped) gathers afresh. When per-layer buffers would take more
-bytes than the budget, every layer shares one pair and gathers each step.
+copied on write, a step is skipped or does not finish) gathers afresh. When per-layer buffers
+would take more bytes than the budget, every layer shares one pair and gathers each step.
 """
 
 from __future__ import annotations
@@ -16,18 +17,46 @@ from dataclasses import dataclass
 
 import torch
 
-Layout = list[tuple[int, int, int]]
+from kernels.torch_attention import Buckets
+
+BufferPair = tuple[torch.Tensor, torch.Tensor]
+
+
+def length_buckets(widths: list[int]) -> Buckets:
+    """Rows sorted by block count, split in two where that saves a fifth of the gather.
+
+    The decode gather pads every row's block table to the widest in its bucket; with mixed
+    lengths a short half and a long half each padded to their own widest gather far less.
+    """
+    whole = [(0, len(widths), max(widths, default=0))]
+    if len(widths) < 8:
+        return whole
+    full = len(widths) * widths[-1]
+    cost, split = min(
+        (k * widths[k - 1] + (len(widths) - k) * widths[-1], k) for k in range(1, len(widths))
+    )
+    if cost > 0.8 * full:
+        return whole
+    return [(0, split, max(widths[:split])), (split, len(widths), max(widths[split:]))]
 
 
 @dataclass(slots=True)
 class _Gathered:
     step: int
     seq_ids: list[str]
-    layout: Layout
+    layout: Buckets
     tables: list[list[int]]
 
 
-Buffers = dict[int, tuple[torch.Tensor, torch.Tensor]]
+@dataclass(frozen=True, slots=True)
+class DecodePlan:
+    """Where one step's decode rows are gathered, layer by layer."""
+
+    buckets: Buckets
+    buffers: list[BufferPair]
+    """Per layer (``buffers[layer]``); layers share one pair when the budget is short."""
+    kept_positions: torch.Tensor | None
+    """Set when every layer's buffers still hold last step's gather (``KeptGather``)."""
 
 
 class DecodeGatherCache:
@@ -37,22 +66,23 @@ class DecodeGatherCache:
         self.budget_bytes = budget_bytes
         self.kept_steps = 0
         self.gathered_steps = 0
-        self._buffers: Buffers = {}
+        self._buffers: list[BufferPair] = []
         self._capacity = 0
         self._per_layer = False
         self._last: _Gathered | None = None
+        self._pending: _Gathered | None = None
 
     def plan(
         self,
         step: int,
         seq_ids: list[str],
         tables: list[list[int]],
-        layout: Layout,
+        layout: Buckets,
         new_positions: list[int],
-        copies_blocks: bool,
-    ) -> tuple[Buffers, torch.Tensor | None]:
-        """Each layer's buffers (by K cache ``data_ptr()``) and, when last step's gather still
-        holds, every row's new token inside its bucket's gathered keys (-1: writes nothing)."""
+    ) -> DecodePlan:
+        """This step's buffers and, when last step's gather still holds, every row's new token
+        inside its bucket's gathered keys (-1: writes nothing). ``finished`` must follow the
+        last layer, or the next step gathers afresh."""
         cache = self.kv_caches[0]
         per_block = cache.shape[2] * cache.shape[3] * cache.shape[4]
         needed = sum((end - start) * width for start, end, width in layout) * per_block
@@ -60,25 +90,33 @@ class DecodeGatherCache:
         if needed > self._capacity or per_layer != self._per_layer:
             self._allocate(needed, per_layer)
         kept = None
-        last = self._last
+        last, self._last = self._last, None
         if (
             per_layer
             and last is not None
             and last.step == step - 1
-            and not copies_blocks
             and last.seq_ids == seq_ids
             and last.layout == layout
         ):
             kept = self._kept_positions(last.tables, tables, layout, new_positions)
-        self._last = _Gathered(step, seq_ids, layout, tables) if per_layer else None
+        self._pending = _Gathered(step, seq_ids, layout, tables) if per_layer else None
         if kept is None:
             self.gathered_steps += 1
-            return self._buffers, None
+            return DecodePlan(layout, self._buffers, None)
         self.kept_steps += 1
-        return self._buffers, torch.tensor(kept, dtype=torch.int64, device=cache.device)
+        positions = torch.tensor(kept, dtype=torch.int64, device=cache.device)
+        return DecodePlan(layout, self._buffers, positions)
+
+    def finished(self) -> None:
+        """Every layer has gathered this step's plan: the next step may keep it."""
+        self._last, self._pending = self._pending, None
+
+    def invalidate(self) -> None:
+        """Blocks changed under the gather (copy-on-write): the next step gathers afresh."""
+        self._last = self._pending = None
 
     def _kept_positions(
-        self, old: list[list[int]], new: list[list[int]], layout: Layout, positions: list[int]
+        self, old: list[list[int]], new: list[list[int]], layout: Buckets, positions: list[int]
     ) -> list[int] | None:
         size = self.block_size
         kept: list[int] = []
@@ -101,13 +139,12 @@ class DecodeGatherCache:
         if per_layer:
             most = self.budget_bytes // (2 * len(self.kv_caches) * cache.element_size())
             capacity = min(capacity, most)
-        self._buffers.clear()
         self._capacity, self._per_layer, self._last = capacity, per_layer, None
-        shared = None
+        self._buffers = []
         for layer in self.kv_caches:
-            if shared is None or per_layer:
-                shared = (
+            if not self._buffers or per_layer:
+                pair = (
                     torch.empty(capacity, dtype=layer.dtype, device=layer.device),
                     torch.empty(capacity, dtype=layer.dtype, device=layer.device),
                 )
-            self._buffers[layer[0].data_ptr()] = shared
+            self._buffers.append(pair)

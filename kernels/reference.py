@@ -1,30 +1,20 @@
-"""Torch reference kernels for the paged KV cache.
+"""The plain attention oracle for the paged KV cache: every backend is tested against it.
 
 Shapes (one layer): ``k_cache``/``v_cache`` are ``[num_blocks, block_size, num_kv_heads,
-head_dim]``; ``block_tables`` is ``[num_seqs, max_blocks]`` of physical block ids;
-``seq_lens[i]`` is how many tokens of sequence ``i`` are in the cache once this step's keys
-are written. A query chunk of ``q_len`` tokens holds the *last* ``q_len`` positions of its
-sequence: query ``j`` sits at position ``seq_len - q_len + j`` and attends to keys ``0..pos``.
+head_dim]`` views of any strides; ``block_tables`` is ``[num_seqs, max_blocks]`` of physical
+block ids; ``seq_lens[i]`` is how many tokens of sequence ``i`` are in the cache once this
+step's keys are written. A query chunk of ``q_len`` tokens holds the *last* ``q_len``
+positions of its sequence: query ``j`` sits at position ``seq_len - q_len + j`` and attends
+to keys ``0..pos``.
 
-These are the semantics the Triton kernels are tested against, and the CPU fast path. Any
-strides work; the engine stores the pool head-major (``[kv_heads, num_blocks, block_size,
-head_dim]`` underneath the logical view), where gathering one head's blocks for a decode
-batch is a single contiguous copy and attention runs as dense batched matrix products.
+Written to be obviously correct, not fast: one sequence at a time, its keys read back
+through its block table, grouped-query heads repeated, scores and softmax in float32. No
+buffers, no caching, no layout tricks; the engine's CPU path is ``kernels.torch_backend``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-import torch.nn.functional as F
-
-
-def head_major(cache: torch.Tensor) -> torch.Tensor | None:
-    """The ``[kv_heads, num_blocks, block_size, head_dim]`` storage behind a logical cache
-    view, when the pool is stored that way (else None)."""
-    storage = cache.permute(2, 0, 1, 3)
-    return storage if storage.is_contiguous() else None
 
 
 def write_kv_cache(
@@ -39,34 +29,13 @@ def write_kv_cache(
     ``slot = block_id * block_size + offset``; a slot of -1 marks a token that is computed
     but not stored (a padding row).
     """
-    keep = slot_mapping >= 0
-    if not bool(keep.all()):
-        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
-    num_slots = k_cache.shape[0] * k_cache.shape[1]
-    for cache, new in ((k_cache, key), (v_cache, value)):
-        storage = head_major(cache)
-        if storage is not None:
-            flat = storage.view(storage.shape[0], num_slots, storage.shape[3])
-            flat.index_copy_(1, slot_mapping, new.transpose(0, 1).to(cache.dtype))
-        else:
-            cache.view(num_slots, *cache.shape[2:]).index_copy_(
-                0, slot_mapping, new.to(cache.dtype)
-            )
-
-
-@dataclass(slots=True)
-class KeptGather:
-    """The decode rows' blocks as gathered at the previous step, still valid but for this
-    step's tokens: the same rows in the same order and bucket layout, each row's block table
-    at most grown by the block its new token opens.
-
-    ``new_positions[i]`` is row ``i``'s new token inside its bucket's gathered keys
-    (``row_in_bucket * width * block_size + position``), -1 for a row that writes nothing.
-    """
-
-    new_positions: torch.Tensor
-    key: torch.Tensor
-    value: torch.Tensor
+    block_size = k_cache.shape[1]
+    for token, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        block, offset = divmod(slot, block_size)
+        k_cache[block, offset] = key[token].to(k_cache.dtype)
+        v_cache[block, offset] = value[token].to(v_cache.dtype)
 
 
 def decode_attention(
@@ -76,130 +45,15 @@ def decode_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
-    buckets: list[tuple[int, int, int]] | None = None,
-    kept: KeptGather | None = None,
 ) -> torch.Tensor:
-    """One query token per sequence: ``query`` ``[B, heads, head_dim]`` -> same shape.
-
-    Vectorised over the batch. Every sequence's blocks are gathered with
-    ``index_select(out=...)`` into ``workspace`` (two flat buffers) when given: gathering into
-    freshly allocated tensors each layer is several times slower on CPU (page faults).
-    ``buckets`` (``(first row, end row, table width)``, rows sorted by length) lets short
-    sequences skip the padding of the block table up to the longest one's width; bucket ``i``
-    is gathered right after bucket ``i - 1`` in the workspace. With ``kept`` the workspace
-    already holds last step's gather and only this step's tokens are copied in.
-    """
-    k_storage, v_storage = head_major(k_cache), head_major(v_cache)
-    if k_storage is None or v_storage is None:
-        return _decode_token_major(query, k_cache, v_cache, block_tables, seq_lens, scale)
-    layout = buckets or [(0, query.shape[0], block_tables.shape[1])]
-    if kept is not None and workspace is None:
-        raise ValueError("a kept gather needs the workspace it was gathered into")
-    out = torch.empty_like(query) if len(layout) > 1 else None
-    offset = 0
-    for start, end, width in layout:
-        rows = slice(start, end)
-        tables = block_tables[rows, :width]
-        if workspace is None:
-            index = _head_major_rows(tables, k_storage.shape[0], k_storage.shape[1])
-            keys, values = _gather(k_storage, index, None), _gather(v_storage, index, None)
-        else:
-            size = k_storage.shape[0] * tables.numel() * k_storage[0, 0].numel()
-            k_buf = workspace[0][offset : offset + size]
-            v_buf = workspace[1][offset : offset + size]
-            offset += size
-            if kept is None:
-                index = _head_major_rows(tables, k_storage.shape[0], k_storage.shape[1])
-                keys, values = _gather(k_storage, index, k_buf), _gather(v_storage, index, v_buf)
-            else:
-                keys, values = _view(k_storage, k_buf), _view(v_storage, v_buf)
-                _copy_new_tokens(keys, values, kept, rows)
-        result = _attend(query[rows], keys, values, seq_lens[rows], scale)
-        if out is None:
-            return result
-        out[rows] = result
-    assert out is not None
+    """One query token per sequence: ``query`` ``[B, heads, head_dim]`` -> same shape."""
+    out = torch.empty_like(query)
+    for row, seq_len in enumerate(seq_lens.tolist()):
+        keys = sequence_cache(k_cache, block_tables[row], seq_len)
+        values = sequence_cache(v_cache, block_tables[row], seq_len)
+        positions = torch.tensor([seq_len - 1], device=query.device)
+        out[row : row + 1] = attend(query[row : row + 1], keys, values, positions, scale)
     return out
-
-
-def _attend(query, keys, values, seq_lens, scale) -> torch.Tensor:
-    """Dense attention of ``[B, heads, dim]`` queries over gathered ``[kv_heads, B * width,
-    block_size, dim]`` keys and values, masked past each row's length."""
-    batch, num_heads, head_dim = query.shape
-    num_kv_heads, _, block_size, _ = keys.shape
-    group = num_heads // num_kv_heads
-    span = keys.shape[1] // batch * block_size
-    keys = keys.view(num_kv_heads * batch, span, head_dim)
-    values = values.view(num_kv_heads * batch, span, head_dim)
-    # [B, kv_heads, group, dim] -> one (kv head, sequence) pair per batched product
-    q = query.view(batch, num_kv_heads, group, head_dim).transpose(0, 1)
-    q = q.reshape(num_kv_heads * batch, group, head_dim).to(keys.dtype)
-    positions = torch.arange(span, device=query.device)
-    masked = positions[None, :] >= seq_lens[:, None].to(positions.dtype)
-    bias = torch.zeros(batch, span, dtype=keys.dtype, device=query.device)
-    bias.masked_fill_(masked, float("-inf"))
-    bias = bias[None, :, None, :].expand(num_kv_heads, batch, group, span)
-    scores = torch.baddbmm(
-        bias.reshape(num_kv_heads * batch, group, span), q, keys.transpose(1, 2), alpha=scale
-    )
-    out = torch.bmm(torch.softmax(scores, dim=-1), values)
-    out = out.view(num_kv_heads, batch, group, head_dim).transpose(0, 1)
-    return out.reshape(batch, num_heads, head_dim).to(query.dtype)
-
-
-def _copy_new_tokens(keys, values, kept: KeptGather, rows: slice) -> None:
-    positions = kept.new_positions[rows]
-    new_keys, new_values = kept.key[rows], kept.value[rows]
-    keep = positions >= 0
-    if not bool(keep.all()):
-        positions, new_keys, new_values = positions[keep], new_keys[keep], new_values[keep]
-    for gathered, new in ((keys, new_keys), (values, new_values)):
-        flat = gathered.view(gathered.shape[0], -1, gathered.shape[3])
-        flat.index_copy_(1, positions, new.transpose(0, 1).to(gathered.dtype))
-
-
-def _head_major_rows(block_tables: torch.Tensor, num_kv_heads: int, num_blocks: int):
-    """Row ids of every (kv head, table entry) in the storage seen as ``[heads * blocks, -1]``.
-
-    Selecting whole rows along dim 0 of a 2-D tensor is a plain row copy; the same selection
-    along dim 1 of the 4-D storage runs 1.3-1.6x slower on CPU.
-    """
-    heads = torch.arange(num_kv_heads, device=block_tables.device)[:, None] * num_blocks
-    return (heads + block_tables.reshape(1, -1).long()).reshape(-1)
-
-
-def _gather(storage, rows, buffer) -> torch.Tensor:
-    """``[kv_heads, entries, block_size, dim]``: the blocks at ``_head_major_rows``."""
-    flat = storage.view(storage.shape[0] * storage.shape[1], -1)
-    if buffer is None:
-        return _view(storage, flat.index_select(0, rows))
-    out = buffer[: rows.numel() * flat.shape[1]].view(rows.numel(), flat.shape[1])
-    return _view(storage, torch.index_select(flat, 0, rows, out=out))
-
-
-def _view(storage, gathered) -> torch.Tensor:
-    return gathered.view(storage.shape[0], -1, *storage.shape[2:])
-
-
-def _decode_token_major(query, k_cache, v_cache, block_tables, seq_lens, scale) -> torch.Tensor:
-    batch, num_heads, head_dim = query.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    span = block_tables.shape[1] * block_size
-    index = block_tables.reshape(-1).long()
-    keys = k_cache.index_select(0, index).view(batch, span, num_kv_heads, head_dim)
-    values = v_cache.index_select(0, index).view(batch, span, num_kv_heads, head_dim)
-    positions = torch.arange(span, device=query.device)
-    mask = (positions[None, :] < seq_lens[:, None].to(positions.dtype))[:, None, None, :]
-    out = F.scaled_dot_product_attention(
-        query[:, :, None, :].to(keys.dtype),
-        keys.transpose(1, 2),
-        values.transpose(1, 2),
-        attn_mask=mask,
-        scale=scale,
-        enable_gqa=num_heads != num_kv_heads,
-    )
-    return out[:, :, 0, :].to(query.dtype)
 
 
 def prefill_attention(
@@ -210,49 +64,46 @@ def prefill_attention(
     seq_lens: list[int],
     query_start_loc: list[int],
     scale: float,
-    key: torch.Tensor | None = None,
-    value: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Chunked prefill / extend: ``query`` ``[T, heads, head_dim]`` packed by sequence.
 
-    Each chunk attends causally over its sequence's cached prefix and its own tokens (already
-    written to the cache). When a chunk is the whole sequence and ``key``/``value`` (the
-    packed new keys) are given, they are used directly instead of reading the cache back.
+    Chunk ``i`` is ``query[query_start_loc[i]:query_start_loc[i + 1]]``; it attends causally
+    over its sequence's cached prefix and its own tokens (already written to the cache).
     """
-    num_heads = query.shape[1]
-    num_kv_heads = k_cache.shape[2]
     out = torch.empty_like(query)
-    for i, seq_len in enumerate(seq_lens):
-        start, end = query_start_loc[i], query_start_loc[i + 1]
-        q_len = end - start
-        if q_len == 0:
+    for row, seq_len in enumerate(seq_lens):
+        start, end = query_start_loc[row], query_start_loc[row + 1]
+        if start == end:
             continue
-        if key is not None and value is not None and seq_len == q_len:
-            k = key[start:end].transpose(0, 1)
-            v = value[start:end].transpose(0, 1)
-        else:
-            table = block_tables[i, : -(-seq_len // k_cache.shape[1])].long()
-            k = _sequence_keys(k_cache, table, seq_len)
-            v = _sequence_keys(v_cache, table, seq_len)
-        q = query[start:end].transpose(0, 1)[None]
-        k, v = k[None].to(q.dtype), v[None].to(q.dtype)
-        gqa = num_heads != num_kv_heads
-        if seq_len == q_len:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
-        else:
-            q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)
-            k_pos = torch.arange(seq_len, device=query.device)
-            mask = k_pos[None, :] <= q_pos[:, None]
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
-        out[start:end] = o[0].transpose(0, 1)
+        keys = sequence_cache(k_cache, block_tables[row], seq_len)
+        values = sequence_cache(v_cache, block_tables[row], seq_len)
+        positions = torch.arange(seq_len - (end - start), seq_len, device=query.device)
+        out[start:end] = attend(query[start:end], keys, values, positions, scale)
     return out
 
 
-def _sequence_keys(cache: torch.Tensor, table: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """One sequence's cached keys (or values) as ``[kv_heads, seq_len, head_dim]``."""
-    storage = head_major(cache)
-    if storage is not None:
-        gathered = storage.index_select(1, table)
-        return gathered.view(storage.shape[0], -1, storage.shape[3])[:, :seq_len]
-    gathered = cache.index_select(0, table).view(-1, cache.shape[2], cache.shape[3])
-    return gathered[:seq_len].transpose(0, 1)
+def sequence_cache(cache: torch.Tensor, table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """One sequence's first ``seq_len`` cached keys (or values): ``[seq_len, kv_heads, dim]``."""
+    block_size = cache.shape[1]
+    positions = torch.arange(seq_len, device=cache.device)
+    blocks = table.to(cache.device).long()[positions // block_size]
+    return cache[blocks, positions % block_size]
+
+
+def attend(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    query_positions: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Queries ``[q, heads, dim]`` at ``query_positions`` over keys/values ``[n, kv_heads,
+    dim]`` at positions ``0..n-1``, each query seeing the keys at or before its position."""
+    group = query.shape[1] // keys.shape[1]
+    keys = keys.float().repeat_interleave(group, dim=1)
+    values = values.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", query.float(), keys) * scale
+    key_positions = torch.arange(keys.shape[0], device=query.device)
+    future = key_positions[None, None, :] > query_positions[None, :, None]
+    weights = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+    return torch.einsum("hqk,khd->qhd", weights, values).to(query.dtype)

@@ -12,7 +12,7 @@ from torch import nn
 
 from engine.model.config import ModelConfig
 from engine.model.rope import RotaryEmbedding
-from kernels.attention import AttentionMetadata, paged_attention
+from kernels.attention import AttentionBackend, AttentionMetadata
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -32,8 +32,11 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, config: ModelConfig, layer_index: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
         super().__init__()
+        self.layer_index = layer_index
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -52,7 +55,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         positions: torch.Tensor,
         rope: RotaryEmbedding,
-        kv_cache: torch.Tensor,
+        attention: AttentionBackend,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         tokens = x.shape[0]
@@ -62,7 +65,7 @@ class Attention(nn.Module):
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         q, k = rope(positions, q, k)
-        out = paged_attention(q, k, v, kv_cache, meta, self.scale)
+        out = attention.forward(self.layer_index, q, k, v, meta, self.scale)
         return F.linear(out.reshape(tokens, self.q_size), self.o_proj)
 
 
@@ -79,16 +82,18 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, config: ModelConfig, layer_index: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
-        self.self_attn = Attention(config, dtype, device)
+        self.self_attn = Attention(config, layer_index, dtype, device)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
         self.mlp = MLP(config, dtype, device)
 
-    def forward(self, x, positions, rope, kv_cache, meta) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, kv_cache, meta)
+    def forward(self, x, positions, rope, attention, meta) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rope, attention, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -100,7 +105,7 @@ class LlamaForCausalLM(nn.Module):
             config.vocab_size, config.hidden_size, dtype=dtype, device=device
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, dtype, device) for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, i, dtype, device) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.lm_head = (
@@ -120,12 +125,13 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_caches: list[torch.Tensor],
+        attention: AttentionBackend,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
+        """``attention`` holds every layer's KV pool; ``meta`` is its ``prepare`` of this step."""
         x = F.embedding(input_ids, self.embed_tokens)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, positions, self.rope, kv_cache, meta)
+        for layer in self.layers:
+            x = layer(x, positions, self.rope, attention, meta)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

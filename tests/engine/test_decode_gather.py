@@ -31,7 +31,7 @@ def _workload(seed: int = 3) -> tuple[list[list[int]], list[SamplingParams]]:
 def _run(tiny_model_dir, policy: str, keep: bool, num_kv_blocks: int) -> tuple[list, LLM]:
     llm = LLM(tiny_model_dir, policy=policy, num_kv_blocks=num_kv_blocks, block_size=16)
     if not keep:
-        llm.engine.runner.decode_gathers.budget_bytes = 0
+        llm.engine.runner.attention.gathers.budget_bytes = 0
     prompts, params = _workload()
     return [out.token_ids for out in llm.generate(prompts, params)], llm
 
@@ -44,8 +44,8 @@ def test_kept_gathers_give_the_same_tokens(tiny_model_dir, policy, num_kv_blocks
     fresh, fresh_llm = _run(tiny_model_dir, policy, keep=False, num_kv_blocks=num_kv_blocks)
     kept, kept_llm = _run(tiny_model_dir, policy, keep=True, num_kv_blocks=num_kv_blocks)
     assert kept == fresh
-    gathers = kept_llm.engine.runner.decode_gathers
+    gathers = kept_llm.engine.runner.attention.gathers
     assert gathers.kept_steps > 0 and gathers.gathered_steps > 0
-    assert fresh_llm.engine.runner.decode_gathers.kept_steps == 0
+    assert fresh_llm.engine.runner.attention.gathers.kept_steps == 0
     if num_kv_blocks == 40:
         assert kept_llm.engine.stats.preemptions > 0

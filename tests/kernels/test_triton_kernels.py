@@ -6,7 +6,6 @@ context shape, block-table layout); ``pytest -m triton_full`` runs the whole car
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import zlib
 from itertools import combinations, product
@@ -15,8 +14,9 @@ from typing import NamedTuple
 import pytest
 import torch
 
+from engine.kv_cache import allocate_kv_cache
 from kernels import reference
-from kernels.attention import AttentionMetadata, paged_attention, resolve_backend
+from kernels.attention import AttentionInputs, make_attention_backend, resolve_backend
 from kernels.triton import ops
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -317,12 +317,12 @@ def mixed_batch(gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     heads, kv_heads, head_dim, block_size, num_blocks = 4, 2, 64, 16, 16
     decode_lens, prefill_lens, prefill_q = [5, 33], [20, 23], [20, 6]
     order = torch.randperm(num_blocks, generator=gen)
-    tables = order[:12].view(4, 3).to(torch.int32)
+    tables = order[:12].view(4, 3)
     positions = [torch.tensor([n - 1]) for n in decode_lens]
     positions += [torch.arange(n - q, n) for n, q in zip(prefill_lens, prefill_q, strict=True)]
     slots = torch.cat(
         [
-            tables[i, pos // block_size].long() * block_size + pos % block_size
+            tables[i, pos // block_size] * block_size + pos % block_size
             for i, pos in enumerate(positions)
         ]
     )
@@ -330,31 +330,34 @@ def mixed_batch(gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     query = torch.randn(num_tokens, heads, head_dim, generator=gen)
     key = torch.randn(num_tokens, kv_heads, head_dim, generator=gen)
     value = torch.randn(num_tokens, kv_heads, head_dim, generator=gen)
-    kv_cache = torch.randn(2, num_blocks, block_size, kv_heads, head_dim, generator=gen)
-    starts = [0, prefill_q[0], sum(prefill_q)]
-    meta = AttentionMetadata(
-        slot_mapping=slots,
-        num_decode_tokens=len(decode_lens),
-        decode_block_tables=tables[:2],
-        decode_seq_lens=torch.tensor(decode_lens, dtype=torch.int32),
-        prefill_block_tables=tables[2:],
-        prefill_seq_lens=prefill_lens,
-        prefill_query_start_loc=starts,
-        prefill_seq_lens_tensor=torch.tensor(prefill_lens, dtype=torch.int32),
-        prefill_query_start_loc_tensor=torch.tensor(starts, dtype=torch.int32),
-        max_prefill_query_len=max(prefill_q),
+    (kv_cache,) = allocate_kv_cache(
+        1, num_blocks, block_size, kv_heads, head_dim, torch.float32, "cpu"
     )
-    return query, key, value, kv_cache, meta
+    kv_cache.copy_(torch.randn(kv_cache.shape, generator=gen))
+    decode_tables = [tables[i, : -(-n // block_size)].tolist() for i, n in enumerate(decode_lens)]
+    prefill_tables = [
+        tables[2 + i, : -(-n // block_size)].tolist() for i, n in enumerate(prefill_lens)
+    ]
+    inputs = AttentionInputs(
+        slot_mapping=slots,
+        decode_seq_ids=["a", "b"],
+        decode_block_tables=decode_tables,
+        decode_seq_lens=decode_lens,
+        prefill_block_tables=prefill_tables,
+        prefill_seq_lens=prefill_lens,
+        prefill_query_start_loc=[0, prefill_q[0], sum(prefill_q)],
+    )
+    return query, key, value, kv_cache, inputs
 
 
-def test_paged_attention_triton_backend_matches_torch_on_mixed_batch() -> None:
-    query, key, value, kv_cache, meta = mixed_batch(torch.Generator().manual_seed(3))
+def test_triton_backend_matches_torch_backend_on_mixed_batch() -> None:
+    query, key, value, kv_cache, inputs = mixed_batch(torch.Generator().manual_seed(3))
     torch_cache, triton_cache = kv_cache.clone(), kv_cache.clone()
     scale = 0.125
-
-    expected = paged_attention(query, key, value, torch_cache, meta, scale)
-    triton_meta = dataclasses.replace(meta, backend="triton")
-    out = paged_attention(query, key, value, triton_cache, triton_meta, scale)
+    outputs = []
+    for name, cache in (("torch", torch_cache), ("triton", triton_cache)):
+        backend = make_attention_backend(name, [cache], 16)
+        outputs.append(backend.forward(0, query, key, value, backend.prepare(inputs), scale))
 
     assert torch.equal(triton_cache, torch_cache)
-    assert_matches(out, expected, torch.float32)
+    assert_matches(outputs[1], outputs[0], torch.float32)

@@ -1,0 +1,107 @@
+"""The torch attention backend: the CPU path (any device torch runs on, no Triton).
+
+It needs the pool stored head-major (``engine.kv_cache.allocate_kv_cache`` does) and owns
+the decode gather buffers (``kernels.decode_gather``): decode rows in length buckets, each
+layer's gather kept across steps while the rows stay the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels import torch_attention
+from kernels.attention import AttentionBackend, AttentionInputs, AttentionMetadata, build_metadata
+from kernels.decode_gather import DecodeGatherCache, DecodePlan, length_buckets
+
+
+@dataclass(slots=True)
+class TorchAttentionMetadata(AttentionMetadata):
+    decode_plan: DecodePlan | None = None
+    """Where the decode rows are gathered this step; None without decode rows."""
+
+
+class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
+    name = "torch"
+
+    def __init__(
+        self, kv_caches: list[torch.Tensor], block_size: int, gather_budget_bytes: int | None = None
+    ) -> None:
+        super().__init__(kv_caches, block_size)
+        self.storages: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for layer, cache in enumerate(kv_caches):
+            k_storage, v_storage = (
+                torch_attention.head_major(cache[0]),
+                torch_attention.head_major(cache[1]),
+            )
+            if k_storage is None or v_storage is None:
+                raise ValueError(
+                    f"the torch attention backend needs a head-major pool (layer {layer}); "
+                    "allocate it with engine.kv_cache.allocate_kv_cache"
+                )
+            self.storages.append((k_storage, v_storage))
+        if gather_budget_bytes is None:
+            gather_budget_bytes = sum(c.numel() * c.element_size() for c in kv_caches)
+        self.gathers = DecodeGatherCache(kv_caches, block_size, gather_budget_bytes)
+        """Decode gather buffers; kept per layer across steps up to as many bytes as the pool."""
+        self._step = 0
+
+    def prepare(self, inputs: AttentionInputs) -> TorchAttentionMetadata:
+        self._step += 1
+        meta = build_metadata(inputs, self.device, TorchAttentionMetadata)
+        tables = inputs.decode_block_tables
+        if tables:
+            slots = inputs.slot_mapping[: len(tables)].tolist()
+            # a decode row writes its last position, unless it is a pad row (slot -1)
+            new_positions = [
+                n - 1 if slot >= 0 else -1
+                for n, slot in zip(inputs.decode_seq_lens, slots, strict=True)
+            ]
+            meta.decode_plan = self.gathers.plan(
+                self._step,
+                inputs.decode_seq_ids,
+                tables,
+                length_buckets([len(t) for t in tables]),
+                new_positions,
+            )
+        return meta
+
+    def write_kv(self, layer, key, value, meta: TorchAttentionMetadata) -> None:
+        torch_attention.write_kv_cache(key, value, self.storages[layer], meta.slot_mapping)
+
+    def decode(self, layer, query, key, value, meta: TorchAttentionMetadata, scale):
+        plan = meta.decode_plan
+        assert plan is not None, "decode rows without a decode plan"
+        kept = None
+        if plan.kept_positions is not None:
+            kept = torch_attention.KeptGather(plan.kept_positions, key, value)
+        out = torch_attention.decode_attention(
+            query,
+            self.storages[layer],
+            meta.decode_block_tables,
+            meta.decode_seq_lens,
+            scale,
+            plan.buckets,
+            plan.buffers[layer],
+            kept,
+        )
+        if layer == len(self.kv_caches) - 1:
+            self.gathers.finished()
+        return out
+
+    def prefill(self, layer, query, key, value, meta: TorchAttentionMetadata, scale):
+        return torch_attention.prefill_attention(
+            query,
+            key,
+            value,
+            self.storages[layer],
+            meta.prefill_block_tables,
+            meta.prefill_seq_lens,
+            meta.prefill_query_start_loc,
+            scale,
+        )
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        super().copy_blocks(copies)
+        self.gathers.invalidate()
