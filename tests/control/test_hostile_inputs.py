@@ -152,10 +152,18 @@ def test_deep_json_is_400_without_being_parsed(client: httpx.Client, path: str) 
     assert "deeper than 64" in message
 
 
-def test_moderate_nesting_is_still_parsed(client: httpx.Client) -> None:
-    body = '{"prompt": "Hi", "max_tokens": 1, "stop": ["[[[[{{{{"], "user": ' + "[" * 60
+def test_moderate_nesting_and_brackets_in_strings_are_still_parsed(client: httpx.Client) -> None:
+    """Brackets inside strings (after escaped quotes and backslashes too) do not nest."""
+    in_string = '\\\\\\"' + "[{" * 100
+    body = f'{{"prompt": "Hi", "max_tokens": 1, "stop": ["{in_string}"], "user": ' + "[" * 60
     body += "]" * 60 + "}"
-    assert post_raw(client, body).status_code == 200
+    response = post_raw(client, body)
+    assert response.status_code == 200, response.text
+
+
+def test_unknown_v1_path_is_404_in_openai_shape(client: httpx.Client) -> None:
+    assert_openai_error(client.post("/v1/chat/completions", json={}), 404, None)
+    assert_openai_error(client.get("/v1/completions"), 405, None)
 
 
 def test_a_hundred_thousand_stop_strings_are_refused(client: httpx.Client) -> None:
