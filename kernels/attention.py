@@ -13,11 +13,14 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import os
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import ClassVar, Generic, Literal, TypeVar
 
 import torch
+
+from kernels import reference
 
 Backend = Literal["torch", "triton"]
 BackendChoice = Literal["auto", "torch", "triton"]
@@ -122,7 +125,7 @@ class AttentionBackend(ABC, Generic[M]):
     prefill chunks; a backend supplies ``prepare`` and the three parts.
     """
 
-    name: str
+    name: ClassVar[str]
 
     def __init__(self, kv_caches: list[torch.Tensor], block_size: int) -> None:
         self.kv_caches = kv_caches
@@ -190,3 +193,39 @@ def make_attention_backend(
 
         return TorchAttentionBackend(kv_caches, block_size)
     raise ValueError(f"unknown attention backend {name!r}")
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Deprecated: use an ``AttentionBackend``'s ``forward``. One layer's write and attention
+    (``kv_cache`` ``[2, num_blocks, block_size, kv_heads, dim]``) through the plain oracle."""
+    warnings.warn(
+        "kernels.attention.paged_attention is deprecated; use AttentionBackend.forward",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    reference.write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
+    n = meta.num_decode_tokens
+    out = torch.empty_like(query)
+    if n:
+        out[:n] = reference.decode_attention(
+            query[:n], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale
+        )
+    if n < query.shape[0]:
+        out[n:] = reference.prefill_attention(
+            query[n:],
+            k_cache,
+            v_cache,
+            meta.prefill_block_tables,
+            meta.prefill_seq_lens,
+            meta.prefill_query_start_loc,
+            scale,
+        )
+    return out

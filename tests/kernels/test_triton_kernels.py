@@ -16,7 +16,13 @@ import torch
 
 from engine.kv_cache import allocate_kv_cache
 from kernels import reference
-from kernels.attention import AttentionInputs, make_attention_backend, resolve_backend
+from kernels.attention import (
+    AttentionInputs,
+    build_metadata,
+    make_attention_backend,
+    paged_attention,
+    resolve_backend,
+)
 from kernels.triton import ops
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -361,3 +367,10 @@ def test_triton_backend_matches_torch_backend_on_mixed_batch() -> None:
 
     assert torch.equal(triton_cache, torch_cache)
     assert_matches(outputs[1], outputs[0], torch.float32)
+
+    plain_cache = kv_cache.clone()
+    meta = build_metadata(inputs, torch.device("cpu"))
+    with pytest.deprecated_call():
+        plain = paged_attention(query, key, value, plain_cache, meta, scale)
+    assert torch.equal(plain_cache, torch_cache)
+    assert_matches(plain, outputs[0], torch.float32)
