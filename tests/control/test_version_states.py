@@ -243,3 +243,10 @@ def test_every_admin_operation_declares_what_it_answers(client: httpx.Client) ->
     assert "422" in declared[("GET", "/admin/policy/history")]
     error = paths["/admin/policy"]["get"]["responses"]["403"]["content"]["application/json"]
     assert error["schema"] == {"$ref": "#/components/schemas/AdminError"}
+
+
+@pytest.mark.parametrize("method", ["OPTIONS", "POST", "DELETE"])
+def test_other_methods_on_the_policy_are_405_naming_both(client: httpx.Client, method: str) -> None:
+    response = client.request(method, "/admin/policy")
+    assert response.status_code == 405
+    assert response.headers["allow"] == "GET, PUT"

@@ -31,19 +31,19 @@ from control.schemas import (
 from control.store import SettingsInvalid
 from policies.registry import params_schemas
 
-router = APIRouter(
+admin = APIRouter(
     prefix="/admin/policy", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS
 )
 
 
-@router.get("", response_model=PolicyView)
+@admin.get("", response_model=PolicyView)
 def get_policy(runtime: RuntimeDep, session: SessionDep, response: Response) -> PolicyView:
     view = runtime.store.view(session)
     response.headers["ETag"] = f'"{view.version}"'
     return view
 
 
-@router.get("/schema", response_model=PolicySchema)
+@admin.get("/schema", response_model=PolicySchema)
 def get_schema(runtime: RuntimeDep) -> PolicySchema:
     limits = runtime.llm_engine.limits
     return PolicySchema(
@@ -71,7 +71,7 @@ async def checked_update(request: Request, runtime: RuntimeDep) -> PolicyUpdate:
         raise validation_error(exc, "body") from None
 
 
-@router.put("", response_model=PolicyUpdateResult, responses=BAD_BODY | CONFLICT)
+@admin.put("", response_model=PolicyUpdateResult, responses=BAD_BODY | CONFLICT)
 def put_policy(
     update: Annotated[PolicyUpdate, Depends(checked_update)],
     body: PolicyUpdate,  # checked above; declared so the OpenAPI schema shows the body
@@ -90,7 +90,7 @@ def put_policy(
     return result
 
 
-@router.get("/history", response_model=PolicyHistory)
+@admin.get("/history", response_model=PolicyHistory)
 def get_history(
     runtime: RuntimeDep,
     session: SessionDep,
@@ -100,7 +100,7 @@ def get_history(
     return runtime.store.history(session, offset, limit)
 
 
-@router.post(
+@admin.post(
     "/rollback/{version}",
     response_model=PolicyUpdateResult,
     responses=BAD_BODY | NOT_FOUND | CONFLICT,
@@ -121,3 +121,19 @@ def rollback(
         raise validation_error(exc, "path") from None
     response.headers["ETag"] = f'"{result.version}"'
     return result
+
+
+def method_not_allowed() -> Response:
+    return Response(status_code=405, headers={"Allow": "GET, PUT"})
+
+
+# GET and PUT on /admin/policy are two routes; a method neither has would get the 405 of the
+# first, naming only GET. This route answers it for the path, before auth, as routing would.
+router = APIRouter()
+router.include_router(admin)
+router.add_api_route(
+    "/admin/policy",
+    method_not_allowed,
+    methods=["POST", "DELETE", "PATCH", "OPTIONS", "HEAD", "TRACE"],
+    include_in_schema=False,
+)
