@@ -1,4 +1,4 @@
-"""The Triton kernels' entry points, as ``kernels.attention`` calls them."""
+"""The Triton kernels' entry points, as ``kernels.triton_backend`` calls them."""
 
 from kernels.triton.cache_write import write_kv_cache
 from kernels.triton.decode import paged_decode_attention
