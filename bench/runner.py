@@ -263,15 +263,13 @@ def drive(
 
 def _leaked_tokens(engine: LLMEngine, leaked: set[str]) -> int:
     """Tokens still stored for leaked requests (until a sweep frees their blocks)."""
-    blocks = engine.blocks
-    tables = [blocks.tables[r] for r in leaked if r in blocks.tables]
-    return sum(blocks.fill[b] for table in tables for b in table)
+    return sum(engine.blocks.stored_tokens(r) for r in leaked)
 
 
 def _watch_memory(engine: LLMEngine, trace: RunTrace, kv_bytes_per_token: int) -> None:
     """Count the requests holding KV, and keep the block manager's own footprint at the step
     where it holds the most KV."""
-    trace.holding.append(len(engine.blocks.tables))
+    trace.holding.append(len(engine.blocks.holders()))
     held_bytes = engine.blocks.num_used * engine.blocks.block_size * kv_bytes_per_token
     if held_bytes > trace.kv_bytes_at_peak * 1.05:
         trace.kv_bytes_at_peak = held_bytes

@@ -8,13 +8,13 @@ and policy changes count themselves.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from engine.outputs import RequestOutput
+from engine.snapshot import EngineSnapshot
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -46,35 +46,40 @@ class EngineCollector(Collector):
     """Gauges and counters from the latest engine snapshot (refreshed by each scrape)."""
 
     def __init__(self) -> None:
-        self.snapshot: dict[str, Any] | None = None
+        self.snapshot: EngineSnapshot | None = None
 
     def collect(self) -> Iterator[Metric]:
-        snap = self.snapshot or {}
-        scheduler = snap.get("scheduler", {})
-        kv = snap.get("kv", {})
-        totals = snap.get("totals", {})
-        yield _gauge("servedeck_requests_running", "Requests running.", scheduler.get("running"))
-        yield _gauge("servedeck_requests_waiting", "Requests waiting.", scheduler.get("waiting"))
+        snap = self.snapshot
+        scheduler, kv, totals = (snap.scheduler, snap.kv, snap.totals) if snap else (None,) * 3
+        yield _gauge(
+            "servedeck_requests_running", "Requests running.", scheduler and scheduler.running
+        )
+        yield _gauge(
+            "servedeck_requests_waiting", "Requests waiting.", scheduler and scheduler.waiting
+        )
         blocks = GaugeMetricFamily("servedeck_kv_blocks", "KV blocks by state.", labels=["state"])
+        by_state = {"free": kv.free, "used": kv.used, "cached": kv.cached} if kv else {}
         for state in KV_STATES:
-            blocks.add_metric([state], kv.get(state, 0))
+            blocks.add_metric([state], by_state.get(state, 0))
         yield blocks
-        yield _gauge("servedeck_kv_usage_ratio", "Used KV blocks / all blocks.", kv.get("usage"))
+        yield _gauge("servedeck_kv_usage_ratio", "Used KV blocks / all blocks.", kv and kv.usage)
         yield _gauge(
             "servedeck_kv_reserve_ratio",
             "Fraction of KV blocks admission must leave free.",
-            snap.get("memory_reserve"),
+            snap and snap.memory_reserve,
         )
         yield _counter(
-            "servedeck_prompt_tokens", "Prompt tokens computed.", totals.get("prompt_tokens")
+            "servedeck_prompt_tokens", "Prompt tokens computed.", totals and totals.prompt_tokens
         )
         yield _counter(
             "servedeck_generation_tokens",
             "Tokens generated.",
-            totals.get("generation_tokens"),
+            totals and totals.generation_tokens,
         )
         yield _counter(
-            "servedeck_preemptions", "Sequences preempted (recompute).", totals.get("preemptions")
+            "servedeck_preemptions",
+            "Sequences preempted (recompute).",
+            totals and totals.preemptions,
         )
 
 
@@ -182,7 +187,7 @@ class ControlMetrics:
     def count_stall(self) -> None:
         self.engine_stalls.inc()
 
-    def render(self, snapshot: dict[str, Any] | None) -> bytes:
+    def render(self, snapshot: EngineSnapshot | None) -> bytes:
         if snapshot is not None:
             self.engine.snapshot = snapshot
         return generate_latest(self.registry)

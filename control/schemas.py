@@ -10,6 +10,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SerializeAsAny,
     StrictBool,
     StrictFloat,
     StrictInt,
@@ -18,7 +19,9 @@ from pydantic import (
 )
 
 from control.core.config import MEMORY_RESERVE_BOUNDS, RECLAIM_INTERVAL_BOUNDS
-from policies.base import PolicySpec
+from engine.kv_stats import KVStats
+from engine.snapshot import Latency, QueueDepths, RequestSnapshot, Throughput, Totals
+from policies.base import PolicySnapshot, PolicySpec
 
 Source = Literal["default", "stored", "override"]
 
@@ -379,77 +382,24 @@ class JobsView(BaseModel):
     jobs: list[JobView]
 
 
-class SchedulerState(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    policy: str
-    params: dict[str, Any]
-    waiting: int
-    running: int
-    preemptions: int
-    mode: str | None = None
-
-
-class QueueDepths(BaseModel):
-    waiting: int
-    running: int
-
-
-class RequestRow(BaseModel):
-    id: str
-    state: str
-    prompt_tokens: int
-    generated_tokens: int
-    blocks: int
-    age_s: float
-    preemptions: int
-
-
-class KVState(BaseModel):
-    block_size: int
-    total: int
-    free: int
-    used: int
-    cached: int
-    reserved: int
-    live_tokens: int
-    held_slots: int
-    utilization: float
-    usage: float
-
-
-class Throughput(BaseModel):
-    output_tokens_per_s: float
-    prompt_tokens_per_s: float
-    steps_per_s: float
-
-
-class Percentiles(BaseModel):
-    p50: float | None
-    p95: float | None
-    p99: float | None
-
-
-class Latency(BaseModel):
-    ttft: Percentiles
-    tpot: Percentiles
-    e2e: Percentiles
-
-
-class Totals(BaseModel):
-    steps: int
-    prompt_tokens: int
-    generation_tokens: int
-    padded_tokens: int
-    preemptions: int
-    requests_finished: int
-    engine_overhead: float
+SchedulerState = PolicySnapshot
+"""The policy's own snapshot (policies/base.py; each policy's subclass adds its fields)."""
+RequestRow = RequestSnapshot
+KVState = KVStats
+"""The KV accounting, defined once by the engine (engine/kv_stats.py). Queue depths,
+throughput, latency and totals are the engine snapshot's own models too."""
 
 
 class AdminState(BaseModel):
+    """``/admin/state``: the engine's snapshot (engine/snapshot.py), read by attribute, with
+    the control plane's version and its recorded reclaim sweeps."""
+
     version: int
     policy: PolicySpec
-    scheduler: SchedulerState
+    policy_version: int | None = Field(
+        None, description="The policy version the engine reports it runs (set with the policy)."
+    )
+    scheduler: SerializeAsAny[SchedulerState]
     memory_reserve: float
     uptime_s: float
     queue: QueueDepths

@@ -1,9 +1,10 @@
-"""The step loop: apply pending commands, schedule, run, postprocess.
+"""The step loop: apply pending commands, schedule, run, settle the KV blocks, postprocess.
 
 ``LLMEngine`` is driven by exactly one thread (its owner): the offline ``LLM`` calls ``step()``
 itself; the server's ``AsyncEngine`` runs it on a background thread. Any other thread may add
-requests or issue commands (policy switch, memory reserve, reclaim, abort): they are queued and
-applied at the next step boundary, so a switch never lands in the middle of a batch.
+requests or issue commands (policy switch, memory reserve, reclaim, abort, snapshot): they go
+through the ``CommandQueue`` (engine/commands.py) and are applied at the next step boundary,
+so a switch never lands in the middle of a batch.
 """
 
 from __future__ import annotations
@@ -14,20 +15,31 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tokenizers import Tokenizer
 
 from engine.batch import ScheduledBatch, StepInfo, StepResult
+from engine.commands import CommandQueue
 from engine.config import EngineConfig, EngineLimits
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import QueueFull, RequestRejected
-from engine.kv_cache import BlockManager, KVStats, ReclaimResult
+from engine.kv_cache import BlockManager, StepChanges
+from engine.kv_stats import KVStats, ReclaimResult
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.runner import Runner
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.sequence import NO_BLOCKS, Sequence
+from engine.snapshot import (
+    EngineSnapshot,
+    Latency,
+    QueueDepths,
+    ReclaimRecord,
+    RequestSnapshot,
+    Throughput,
+    Totals,
+)
 from engine.stats import EngineStats, StepRecord
 from policies.base import PolicySpec, SchedulingPolicy
 from policies.registry import as_spec, make_policy
@@ -35,7 +47,6 @@ from policies.registry import as_spec, make_policy
 if TYPE_CHECKING:
     from engine.builder import ModelBundle
 
-T = TypeVar("T")
 Prompt = str | list[int]
 
 
@@ -66,16 +77,16 @@ class LLMEngine:
         )
         self.policy_spec = as_spec(policy or config.policy)
         self.policy: SchedulingPolicy = make_policy(self.policy_spec, limits, self.blocks, clock)
+        self.policy_version: int | None = None
+        """The version given with the running policy to ``set_policy`` (None: not given)."""
         self.stats = EngineStats()
         self.started_at = clock()
         self.wakeup = threading.Event()
         self._sequences: dict[str, Sequence] = {}
         self._inbox: deque[Sequence] = deque()
         self._inbox_lock = threading.Lock()
-        self._commands: deque[tuple[Callable[[], Any], Future]] = deque()
+        self.commands = CommandQueue(self.wakeup, self._drain_inbox)
         self._pending_outputs: list[RequestOutput] = []
-        self._owner = threading.get_ident()
-        self._in_step = False
         self.current_step: StepInfo | None = None
         """The step whose batch is running now (None between steps); read by the watchdog."""
 
@@ -174,7 +185,7 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> Future[bool]:
         """Stop a request and free its blocks; its stream ends with ``finish_reason='abort'``."""
-        return self._submit(lambda: self._abort(request_id))
+        return self.commands.submit(lambda: self._abort(request_id))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._sequences or self._inbox or self._pending_outputs)
@@ -187,33 +198,59 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         started = time.perf_counter()
-        self._in_step = True
-        try:
-            self._apply_commands()
+        with self.commands.step():
             outputs, self._pending_outputs = self._pending_outputs, []
-            batch = self.policy.schedule()
-            if batch.is_empty:
-                return outputs
-            now = self.clock()
-            for entry in batch.entries:
-                if entry.seq.first_scheduled_time is None:
-                    entry.seq.first_scheduled_time = now
-            self.current_step = StepInfo.of(self.stats.num_steps + 1, batch)
+            changes = self.blocks.begin_step()
             try:
+                batch = self.policy.schedule(changes)
+                if batch.is_empty:
+                    changes.commit({})
+                    return outputs
+                now = self.clock()
+                for entry in batch.entries:
+                    if entry.seq.first_scheduled_time is None:
+                        entry.seq.first_scheduled_time = now
+                self.current_step = StepInfo.of(self.stats.num_steps + 1, batch)
                 result = self.runner.execute(batch)
             except BaseException:
-                self.blocks.rollback()
+                self._roll_back(changes)
                 raise
-            self.blocks.confirm()
+            finally:
+                self.current_step = None
+            self._settle(changes, batch, result)
             outputs.extend(self._postprocess(batch, result))
             self._record(batch, started, len(result.token_ids) - len(result.failed))
             return outputs
-        finally:
-            self._in_step = False
-            self.current_step = None
+
+    def _settle(self, changes: StepChanges, batch: ScheduledBatch, result: StepResult) -> None:
+        """The rows that ran commit their tokens' K/V; a failed row's block changes roll back
+        (its request is then ended by ``_postprocess``)."""
+        changes.rollback(result.failed)
+        written: dict[str, tuple[int, int]] = {}
+        for entry in batch.entries:
+            seq = entry.seq
+            if entry.num_new_tokens and seq.seq_id not in result.failed:
+                start = seq.num_computed_tokens
+                seq.num_computed_tokens += entry.num_new_tokens
+                written[seq.seq_id] = (start, seq.num_computed_tokens)
+        changes.commit(written)
+
+    def _roll_back(self, changes: StepChanges) -> None:
+        """The step failed as a whole: undo all its block changes. Sequences admitted in it
+        give their blocks up and go back to waiting (the policy re-adopts what it holds)."""
+        if not changes.is_open:
+            return
+        undone = changes.rollback()
+        for seq_id in undone:
+            seq = self._sequences[seq_id]
+            seq.num_computed_tokens = 0
+            seq.block_table = NO_BLOCKS
+        if undone:
+            self.policy.adopt(self.policy.handover())
 
     def _postprocess(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
-        """Commit the step's tokens; a row in ``result.failed`` ends only its own request."""
+        """Turn the step's tokens into outputs; a row in ``result.failed`` ends only its own
+        request."""
         now = self.clock()
         sampled = iter(result.token_ids)
         outputs: list[RequestOutput] = []
@@ -221,10 +258,6 @@ class LLMEngine:
         failed: list[Sequence] = []
         for entry in batch.entries:
             seq = entry.seq
-            if entry.num_new_tokens:
-                start = seq.num_computed_tokens
-                seq.num_computed_tokens += entry.num_new_tokens
-                self.blocks.commit(seq.seq_id, start, seq.num_computed_tokens)
             if not entry.sample:
                 continue
             token = next(sampled)
@@ -303,26 +336,10 @@ class LLMEngine:
 
     def bind_to_current_thread(self) -> None:
         """Make the calling thread the one that steps the engine (the server's loop)."""
-        self._owner = threading.get_ident()
+        self.commands.bind_to_current_thread()
 
-    def _submit(self, command: Callable[[], T]) -> Future[T]:
-        future: Future[T] = Future()
-        if threading.get_ident() == self._owner and not self._in_step:
-            self._drain_inbox()
-            self._run(command, future)
-        else:
-            self._commands.append((command, future))
-            self.wakeup.set()
-        return future
-
-    def _call(self, command: Callable[[], T], timeout: float | None = 30.0) -> T:
-        return self._submit(command).result(timeout)
-
-    def _run(self, command: Callable[[], Any], future: Future) -> None:
-        try:
-            future.set_result(command())
-        except Exception as exc:  # delivered to whoever waits on the future
-            future.set_exception(exc)
+    def has_pending_commands(self) -> bool:
+        return self.commands.has_pending()
 
     def _drain_inbox(self) -> None:
         with self._inbox_lock:
@@ -336,28 +353,22 @@ class LLMEngine:
         with self._inbox_lock:
             return list(self._inbox)
 
-    def _apply_commands(self) -> None:
-        self.wakeup.clear()
-        self._drain_inbox()
-        while self._commands:
-            command, future = self._commands.popleft()
-            self._run(command, future)
-
-    def has_pending_commands(self) -> bool:
-        return bool(self._commands)
-
-    def set_policy(self, spec: PolicySpec | str | dict[str, Any]) -> Future[PolicySpec]:
-        """Validate now (raises pydantic's ValidationError); switch at the next boundary."""
+    def set_policy(
+        self, spec: PolicySpec | str | dict[str, Any], version: int | None = None
+    ) -> Future[PolicySpec]:
+        """Validate now (raises pydantic's ValidationError); switch at the next boundary.
+        ``version`` (the control plane's policy version) is recorded with the switch and
+        reported by ``snapshot().policy_version``."""
         spec = as_spec(spec)
         new_policy = make_policy(spec, self.limits, self.blocks, self.clock)
 
         def switch() -> PolicySpec:
             new_policy.adopt(self.policy.handover())
             new_policy.num_preemptions = self.policy.num_preemptions
-            self.policy, self.policy_spec = new_policy, spec
+            self.policy, self.policy_spec, self.policy_version = new_policy, spec, version
             return spec
 
-        return self._submit(switch)
+        return self.commands.submit(switch)
 
     def set_memory_reserve(self, fraction: float) -> Future[float]:
         if not 0.0 <= fraction <= 0.5:
@@ -368,7 +379,7 @@ class LLMEngine:
             self.config.memory_reserve = fraction
             return fraction
 
-        return self._submit(apply)
+        return self.commands.submit(apply)
 
     def reclaim(self) -> Future[ReclaimResult]:
         """The maintenance sweep: free leaked blocks, then the memory-reserve guard."""
@@ -379,7 +390,7 @@ class LLMEngine:
             self.stats.record_reclaim(self.clock(), result)
             return result
 
-        return self._submit(sweep)
+        return self.commands.submit(sweep)
 
     def _abort(self, request_id: str) -> bool:
         self._drain_inbox()
@@ -397,61 +408,54 @@ class LLMEngine:
     def kv_stats(self) -> KVStats:
         return self.blocks.stats()
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> EngineSnapshot:
         """A consistent picture of queue, requests and KV (taken at a step boundary)."""
-        return self._call(self._snapshot)
+        return self.commands.call(self._snapshot)
 
-    def _snapshot(self) -> dict[str, Any]:
+    def _snapshot(self) -> EngineSnapshot:
         now = self.clock()
-        requests = []
-        for seq in self._sequences.values():
-            requests.append(
-                {
-                    "id": seq.seq_id,
-                    "state": seq.status.value,
-                    "prompt_tokens": seq.num_prompt_tokens,
-                    "generated_tokens": seq.num_output_tokens,
-                    "blocks": len(self.blocks.tables.get(seq.seq_id, ())),
-                    "age_s": now - seq.arrival_time,
-                    "preemptions": seq.num_preemptions,
-                }
-            )
         queued = self._queued()
-        for seq in queued:
-            requests.append(
-                {
-                    "id": seq.seq_id,
-                    "state": "waiting",
-                    "prompt_tokens": seq.num_prompt_tokens,
-                    "generated_tokens": 0,
-                    "blocks": 0,
-                    "age_s": now - seq.arrival_time,
-                    "preemptions": 0,
-                }
-            )
-        policy = self.policy.snapshot()
-        policy["waiting"] += len(queued)
-        return {
-            "policy": self.policy_spec.model_dump(),
-            "scheduler": policy,
-            "memory_reserve": self.blocks.memory_reserve,
-            "uptime_s": now - self.started_at,
-            "requests": requests,
-            "kv": self.blocks.stats().as_dict(),
-            "block_map": self.blocks.block_map(),
-            "throughput": self.stats.throughput(now),
-            "latency": self.stats.latency(now),
-            "totals": {
-                "steps": self.stats.num_steps,
-                "prompt_tokens": self.stats.prompt_tokens,
-                "generation_tokens": self.stats.generation_tokens,
-                "padded_tokens": self.stats.padded_tokens,
-                "preemptions": self.stats.preemptions,
-                "requests_finished": self.stats.requests_finished,
-                "engine_overhead": self.stats.engine_overhead,
-            },
-            "reclaims": [{"time": t, **r._asdict()} for t, r in list(self.stats.reclaims)[-10:]],
-        }
+        requests = [self._request_row(seq, now) for seq in [*self._sequences.values(), *queued]]
+        scheduler = self.policy.snapshot()
+        scheduler = scheduler.model_copy(update={"waiting": scheduler.waiting + len(queued)})
+        stats = self.stats
+        return EngineSnapshot(
+            policy=self.policy_spec,
+            policy_version=self.policy_version,
+            scheduler=scheduler,
+            queue=QueueDepths(waiting=scheduler.waiting, running=scheduler.running),
+            memory_reserve=self.blocks.memory_reserve,
+            uptime_s=now - self.started_at,
+            requests=tuple(requests),
+            kv=self.blocks.stats(),
+            block_map=self.blocks.block_map(),
+            throughput=Throughput.model_validate(stats.throughput(now)),
+            latency=Latency.model_validate(stats.latency(now)),
+            totals=Totals(
+                steps=stats.num_steps,
+                prompt_tokens=stats.prompt_tokens,
+                generation_tokens=stats.generation_tokens,
+                padded_tokens=stats.padded_tokens,
+                preemptions=stats.preemptions,
+                requests_finished=stats.requests_finished,
+                engine_overhead=stats.engine_overhead,
+            ),
+            reclaims=tuple(
+                ReclaimRecord(time=t, **r._asdict()) for t, r in list(stats.reclaims)[-10:]
+            ),
+        )
+
+    def _request_row(self, seq: Sequence, now: float) -> RequestSnapshot:
+        held = self.blocks.table(seq.seq_id) if self.blocks.holds(seq.seq_id) else NO_BLOCKS
+        return RequestSnapshot(
+            id=seq.seq_id,
+            state=seq.status.value,
+            prompt_tokens=seq.num_prompt_tokens,
+            generated_tokens=seq.num_output_tokens,
+            blocks=len(held),
+            age_s=now - seq.arrival_time,
+            preemptions=seq.num_preemptions,
+        )
 
     @property
     def _device(self) -> torch.device:

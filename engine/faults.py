@@ -20,20 +20,27 @@ if TYPE_CHECKING:
 
 def leak_sequence(engine: LLMEngine, request_id: str) -> Future[bool]:
     """Drop a request but keep its blocks allocated (what the reclaim sweep must fix).
-    Resolves to whether the request was live."""
+    Resolves to whether the request was live.
+
+    Only the BlockManager's public API is used: the blocks are shared with a stand-in
+    sequence while the policy drops the request, then handed back under the request's id.
+    """
+    stand_in = f"{request_id}\x00leaked"
 
     def leak() -> bool:
         blocks = engine.blocks
-        table = blocks.tables.pop(request_id, None)
-        chain = blocks.chains.pop(request_id, None)
-        seq = engine.policy.abort(request_id)
+        held = blocks.holds(request_id)
+        if held:
+            blocks.fork(request_id, stand_in)
+        seq = engine.policy.abort(request_id)  # frees the request's own references
         engine._sequences.pop(request_id, None)
-        if table is not None and chain is not None:
-            blocks.tables[request_id] = table
-            blocks.chains[request_id] = chain
+        if held:
+            if not blocks.holds(request_id):
+                blocks.fork(stand_in, request_id)
+            blocks.free(stand_in)
         return seq is not None
 
-    return engine._submit(leak)
+    return engine.commands.submit(leak)
 
 
 def stall(engine: LLMEngine, seconds: float) -> Future[float]:
@@ -48,7 +55,7 @@ def stall(engine: LLMEngine, seconds: float) -> Future[float]:
     def arm() -> None:
         engine.runner = _StallingRunner(engine, engine.runner, seconds, done)
 
-    engine._submit(arm)
+    engine.commands.submit(arm)
     return done
 
 

@@ -1,74 +1,69 @@
-"""Paged KV cache: the block pool's bookkeeping (BlockManager) and the tensors it indexes.
+"""Paged KV cache: the block pool's bookkeeping (BlockManager), one step's changes to it
+(StepChanges) and the tensors it indexes.
 
 Every block is in exactly one state: ``free`` (on the free list), ``used`` (ref count > 0) or
 ``cached`` (ref count 0 but holding a registered full-block prefix, reusable until evicted,
 least recently used first). ``reserved`` is not a state: it is how many free-or-cached blocks
 admission of new work must leave alone. Running sequences may grow into the reserve.
+
+The manager's tables, chains, fill and ref counts are its own: callers read them through
+``holds``, ``table`` (a read-only live view), ``stored_tokens``, ``ref_count`` and ``stats``.
+Inside an engine step, blocks change only through the step's ``StepChanges`` (opened with
+``begin_step``): the policy proposes allocations, growth and prefix registrations into it,
+the engine commits the rows that ran and rolls back the rest.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 import time
-from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
+from collections import OrderedDict, abc, deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
+
+from engine.kv_stats import BlockState, KVStats, ReclaimResult
+
+__all__ = [
+    "BlockManager",
+    "BlockState",
+    "BlockTable",
+    "KVStats",
+    "ReclaimResult",
+    "StepChanges",
+    "allocate_kv_cache",
+    "kv_bytes_per_block",
+]
 
 ROOT_HASH = -1
 
 
-class BlockState(enum.Enum):
-    FREE = "free"
-    USED = "used"
-    CACHED = "cached"
+class BlockTable(abc.Sequence[int]):
+    """A read-only, live view of one sequence's block table (what the runner reads as
+    ``seq.block_table``). Slices are plain lists."""
 
+    __slots__ = ("_blocks",)
 
-@dataclass(frozen=True, slots=True)
-class KVStats:
-    block_size: int
-    total: int
-    free: int
-    used: int
-    cached: int
-    reserved: int
-    live_tokens: int
-    held_slots: int
+    def __init__(self, blocks: list[int]) -> None:
+        self._blocks = blocks
 
-    @property
-    def utilization(self) -> float:
-        """Tokens stored / slots held by sequences: padding and half-empty blocks lower it."""
-        return self.live_tokens / self.held_slots if self.held_slots else 0.0
+    def __getitem__(self, index):  # type: ignore[override]
+        return self._blocks[index]
 
-    @property
-    def usage(self) -> float:
-        return self.used / self.total if self.total else 0.0
+    def __len__(self) -> int:
+        return len(self._blocks)
 
-    def as_dict(self) -> dict[str, float | int]:
-        return {
-            "block_size": self.block_size,
-            "total": self.total,
-            "free": self.free,
-            "used": self.used,
-            "cached": self.cached,
-            "reserved": self.reserved,
-            "live_tokens": self.live_tokens,
-            "held_slots": self.held_slots,
-            "utilization": self.utilization,
-            "usage": self.usage,
-        }
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._blocks)
 
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BlockTable):
+            return self._blocks == other._blocks
+        return isinstance(other, abc.Sequence) and list(self._blocks) == list(other)
 
-class ReclaimResult(NamedTuple):
-    freed: int
-    evicted: int
-    free_before: int
-    free_after: int
-    reserve_breached: bool
-    duration_s: float
+    def __repr__(self) -> str:
+        return f"BlockTable({self._blocks!r})"
 
 
 class BlockManager:
@@ -85,18 +80,17 @@ class BlockManager:
         self.block_size = block_size
         self.memory_reserve = memory_reserve
         self.enable_prefix_caching = enable_prefix_caching
-        self.ref_count = [0] * num_blocks
-        self.fill = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
-        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
-        self.hash_to_block: dict[int, int] = {}
-        self.tables: dict[str, list[int]] = {}
-        self.chains: dict[str, list[int]] = {}
-        self.live_tokens = 0
+        self._ref_count = [0] * num_blocks
+        self._fill = [0] * num_blocks
+        self._block_hash: list[int | None] = [None] * num_blocks
+        self._block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self._hash_to_block: dict[int, int] = {}
+        self._tables: dict[str, list[int]] = {}
+        self._chains: dict[str, list[int]] = {}
+        self._live_tokens = 0
         self._free: deque[int] = deque(range(num_blocks))
         self._cached: OrderedDict[int, None] = OrderedDict()
-        self._copies: list[tuple[int, int]] = []
-        self._unconfirmed: list[int] = []
+        self._step: StepChanges | None = None
 
     # -- counts -------------------------------------------------------------------------
 
@@ -117,6 +111,10 @@ class BlockManager:
         return self.num_blocks - len(self._free) - len(self._cached)
 
     @property
+    def live_tokens(self) -> int:
+        return self._live_tokens
+
+    @property
     def admissible(self) -> int:
         """Blocks new work may still take without entering the reserve."""
         return max(0, len(self._free) + len(self._cached) - self.reserved)
@@ -133,21 +131,42 @@ class BlockManager:
             used=used,
             cached=len(self._cached),
             reserved=self.reserved,
-            live_tokens=self.live_tokens,
+            live_tokens=self._live_tokens,
             held_slots=used * self.block_size,
         )
 
     def state_of(self, block: int) -> BlockState:
-        if self.ref_count[block] > 0:
+        if self._ref_count[block] > 0:
             return BlockState.USED
         return BlockState.CACHED if block in self._cached else BlockState.FREE
 
+    def ref_count(self, block: int) -> int:
+        return self._ref_count[block]
+
     def block_map(self) -> str:
         """One character per block: ``.`` free, ``#`` used, ``c`` cached."""
-        chars = ["#" if r > 0 else "." for r in self.ref_count]
+        chars = ["#" if r > 0 else "." for r in self._ref_count]
         for block in self._cached:
             chars[block] = "c"
         return "".join(chars)
+
+    # -- per sequence -------------------------------------------------------------------
+
+    def holds(self, seq_id: str) -> bool:
+        """Whether the sequence holds a block table (it may be empty)."""
+        return seq_id in self._tables
+
+    def table(self, seq_id: str) -> BlockTable:
+        """The sequence's blocks in logical order, as a read-only live view."""
+        return BlockTable(self._tables[seq_id])
+
+    def stored_tokens(self, seq_id: str) -> int:
+        """Tokens whose K/V is stored in the sequence's blocks (0 when it holds none)."""
+        return sum(self._fill[b] for b in self._tables.get(seq_id, ()))
+
+    def holders(self) -> list[str]:
+        """Ids of the sequences holding a block table."""
+        return list(self._tables)
 
     # -- prefix cache -----------------------------------------------------------------
 
@@ -169,8 +188,8 @@ class BlockManager:
             return []
         hits: list[int] = []
         for block_hash, tokens in self._chain(token_ids, (len(token_ids) - 1) // self.block_size):
-            block = self.hash_to_block.get(block_hash)
-            if block is None or self.block_tokens[block] != tokens:
+            block = self._hash_to_block.get(block_hash)
+            if block is None or self._block_tokens[block] != tokens:
                 break
             hits.append(block)
         return hits
@@ -178,120 +197,37 @@ class BlockManager:
     def blocks_to_admit(self, hits: list[int], num_tokens: int) -> int:
         """Free-or-cached blocks that admitting ``num_tokens`` with these hits would take."""
         fresh = max(0, self.blocks_for(num_tokens) - len(hits))
-        return fresh + sum(1 for b in hits if self.ref_count[b] == 0)
+        return fresh + sum(1 for b in hits if self._ref_count[b] == 0)
 
     def can_admit(self, hits: list[int], num_tokens: int) -> bool:
         return self.blocks_to_admit(hits, num_tokens) <= self.admissible
 
-    # -- allocation ---------------------------------------------------------------------
+    # -- a step's changes ---------------------------------------------------------------
 
-    def allocate(
-        self, seq_id: str, token_ids: Sequence[int], num_tokens: int, hits: list[int] | None = None
-    ) -> int:
-        """Give a new sequence a table covering ``num_tokens`` slots; returns cached tokens.
+    def begin_step(self) -> StepChanges:
+        """Open the step whose block changes the policy proposes and the engine settles."""
+        if self._step is not None:
+            raise RuntimeError("the previous step's block changes were never settled")
+        self._step = StepChanges(self)
+        return self._step
 
-        The caller checks ``can_admit`` first (admission respects the reserve).
-        """
-        if seq_id in self.tables:
-            raise ValueError(f"sequence {seq_id!r} already holds blocks")
-        if hits is None:
-            hits = self.match_prefix(token_ids)
-        needed = self.blocks_to_admit(hits, num_tokens)
-        if needed > self.num_free + self.num_cached:
-            raise ValueError(
-                f"sequence {seq_id!r} needs {needed} blocks, "
-                f"{self.num_free + self.num_cached} are not in use"
-            )
-        table: list[int] = []
-        for block in hits:
-            self._share(block)
-            table.append(block)
-        self.tables[seq_id] = table
-        self.chains[seq_id] = [self.block_hash[b] for b in hits]  # type: ignore[misc]
-        self._extend(table, self.blocks_for(num_tokens))
-        return len(hits) * self.block_size
-
-    def grow(self, seq_id: str, start: int, end: int) -> bool:
-        """Make slots ``[start, end)`` writable: add blocks, copy shared ones (copy-on-write).
-
-        May take reserve blocks. Returns False, changing nothing, when the pool is too empty.
-        """
-        table = self.tables[seq_id]
-        size = self.block_size
-        needed = self.blocks_for(end)
-        shared = [
-            j for j in range(start // size, min(len(table), needed)) if self.ref_count[table[j]] > 1
-        ]
-        if max(0, needed - len(table)) + len(shared) > len(self._free) + len(self._cached):
-            return False
-        for j in shared:
-            old = table[j]
-            new = self._take_fresh()
-            self.fill[new] = self.fill[old]
-            self.live_tokens += self.fill[new]
-            self._copies.append((old, new))
-            self.ref_count[old] -= 1
-            table[j] = new
-        self._extend(table, needed)
-        return True
-
-    def register(self, seq_id: str, token_ids: Sequence[int], num_tokens: int) -> None:
-        """Publish the full blocks among the first ``num_tokens`` for prefix sharing.
-
-        Called when the step that computes them is scheduled, so requests admitted later in
-        the same step already share them: every layer writes the step's K/V before it
-        attends. ``confirm()`` after the forward, ``rollback()`` if it failed.
-        """
-        if not self.enable_prefix_caching:
-            return
-        table = self.tables[seq_id]
-        chain = self.chains[seq_id]
-        parent = chain[-1] if chain else ROOT_HASH
-        size = self.block_size
-        for j in range(len(chain), num_tokens // size):
-            tokens = tuple(token_ids[j * size : (j + 1) * size])
-            parent = hash((parent, tokens))
-            chain.append(parent)
-            block = table[j]
-            if parent not in self.hash_to_block and self.block_hash[block] is None:
-                self.hash_to_block[parent] = block
-                self.block_hash[block] = parent
-                self.block_tokens[block] = tokens
-                self._unconfirmed.append(block)
-
-    def confirm(self) -> None:
-        self._unconfirmed.clear()
-
-    def rollback(self) -> None:
-        """The step that would have filled freshly published blocks did not run."""
-        for block in self._unconfirmed:
-            self._unregister(block)
-            if self.ref_count[block] == 0 and block in self._cached:
-                del self._cached[block]
-                self._to_free_list(block)
-        self._unconfirmed.clear()
-        for chain in self.chains.values():
-            chain.clear()
-
-    def commit(self, seq_id: str, start: int, end: int) -> None:
-        """Tokens ``[start, end)`` of the sequence now have K/V stored."""
-        table = self.tables[seq_id]
-        size = self.block_size
-        for j in range(start // size, self.blocks_for(end)):
-            self.fill[table[j]] = min(size, end - j * size)
-        self.live_tokens += end - start
+    # -- outside a step's proposals -------------------------------------------------------
 
     def free(self, seq_id: str) -> int:
-        """Release a sequence's blocks (idempotent); returns how many reached ref count 0."""
-        table = self.tables.pop(seq_id, None)
-        self.chains.pop(seq_id, None)
+        """Release a sequence's blocks (idempotent); returns how many reached ref count 0.
+        Allowed inside a step (a preemption): the step then forgets the sequence's changes."""
+        if self._step is not None:
+            self._step._forget(seq_id)
+        table = self._tables.pop(seq_id, None)
+        self._chains.pop(seq_id, None)
         if table is None:
             return 0
         return sum(self._release(b) for b in reversed(table))
 
     def trim(self, seq_id: str, num_tokens: int) -> int:
         """Give back blocks beyond what ``num_tokens`` need (a padded reservation, say)."""
-        table = self.tables[seq_id]
+        self._between_steps("trim")
+        table = self._tables[seq_id]
         keep = self.blocks_for(num_tokens)
         released = 0
         while len(table) > keep:
@@ -300,17 +236,14 @@ class BlockManager:
 
     def fork(self, parent_id: str, child_id: str) -> None:
         """The child shares every block of the parent; writes copy first."""
-        if child_id in self.tables:
+        self._between_steps("fork")
+        if child_id in self._tables:
             raise ValueError(f"sequence {child_id!r} already holds blocks")
-        table = self.tables[parent_id]
+        table = self._tables[parent_id]
         for block in table:
-            self.ref_count[block] += 1
-        self.tables[child_id] = list(table)
-        self.chains[child_id] = list(self.chains[parent_id])
-
-    def take_copies(self) -> list[tuple[int, int]]:
-        copies, self._copies = self._copies, []
-        return copies
+            self._ref_count[block] += 1
+        self._tables[child_id] = list(table)
+        self._chains[child_id] = list(self._chains[parent_id])
 
     # -- maintenance --------------------------------------------------------------------
 
@@ -320,13 +253,14 @@ class BlockManager:
         Never touches a live sequence's blocks; the prefix cache is left alone unless free
         blocks fall under the reserve (then the oldest cached blocks are evicted).
         """
+        self._between_steps("reclaim")
         started = time.perf_counter()
         free_before = len(self._free)
         live = set(live_ids)
-        freed = sum(self.free(seq_id) for seq_id in [s for s in self.tables if s not in live])
-        accounted = self._free_set().union(self._cached)
+        freed = sum(self.free(seq_id) for seq_id in [s for s in self._tables if s not in live])
+        accounted = set(self._free).union(self._cached)
         for block in range(self.num_blocks):
-            if self.ref_count[block] == 0 and block not in accounted:
+            if self._ref_count[block] == 0 and block not in accounted:
                 self._to_free_list(block)
                 freed += 1
         evicted = self.evict_to_reserve()
@@ -351,31 +285,127 @@ class BlockManager:
     def check_integrity(self) -> None:
         """Raise AssertionError when the bookkeeping contradicts itself (used by tests)."""
         refs = [0] * self.num_blocks
-        for table in self.tables.values():
+        for table in self._tables.values():
             for block in table:
                 refs[block] += 1
-        assert refs == self.ref_count, "ref counts disagree with the block tables"
-        free = self._free_set()
+        for block in self._step._sources() if self._step else ():
+            refs[block] += 1  # a copy-on-write source stays referenced until the step settles
+        assert refs == self._ref_count, "ref counts disagree with the block tables"
+        free = set(self._free)
         assert len(free) == len(self._free), "a block is twice on the free list"
         for block in range(self.num_blocks):
-            states = (block in free) + (block in self._cached) + (self.ref_count[block] > 0)
+            states = (block in free) + (block in self._cached) + (self._ref_count[block] > 0)
             assert states == 1, f"block {block} is in {states} states"
         assert self.num_free + self.num_used + self.num_cached == self.num_blocks
-        live = sum(self.fill[b] for b in range(self.num_blocks) if self.ref_count[b] > 0)
-        assert live == self.live_tokens, f"live tokens {self.live_tokens} != {live}"
-        for block_hash, block in self.hash_to_block.items():
-            assert self.block_hash[block] == block_hash, "hash index points at a stale block"
+        live = sum(self._fill[b] for b in range(self.num_blocks) if self._ref_count[b] > 0)
+        assert live == self._live_tokens, f"live tokens {self._live_tokens} != {live}"
+        for block_hash, block in self._hash_to_block.items():
+            assert self._block_hash[block] == block_hash, "hash index points at a stale block"
 
     # -- internals ----------------------------------------------------------------------
 
-    def _free_set(self) -> set[int]:
-        return set(self._free)
+    def _between_steps(self, what: str) -> None:
+        if self._step is not None:
+            raise RuntimeError(f"{what} runs between steps, not while one is open")
+
+    def _allocate(
+        self, seq_id: str, token_ids: Sequence[int], num_tokens: int, hits: list[int] | None
+    ) -> int:
+        if seq_id in self._tables:
+            raise ValueError(f"sequence {seq_id!r} already holds blocks")
+        if hits is None:
+            hits = self.match_prefix(token_ids)
+        needed = self.blocks_to_admit(hits, num_tokens)
+        if needed > self.num_free + self.num_cached:
+            raise ValueError(
+                f"sequence {seq_id!r} needs {needed} blocks, "
+                f"{self.num_free + self.num_cached} are not in use"
+            )
+        table: list[int] = []
+        for block in hits:
+            self._share(block)
+            table.append(block)
+        self._tables[seq_id] = table
+        self._chains[seq_id] = [self._block_hash[b] for b in hits]  # type: ignore[misc]
+        self._extend(table, self.blocks_for(num_tokens))
+        return len(hits) * self.block_size
+
+    def _grow(self, seq_id: str, start: int, end: int, swaps: list[tuple[int, int, int]]) -> bool:
+        table = self._tables[seq_id]
+        size = self.block_size
+        needed = self.blocks_for(end)
+        shared = [
+            j
+            for j in range(start // size, min(len(table), needed))
+            if self._ref_count[table[j]] > 1
+        ]
+        if max(0, needed - len(table)) + len(shared) > len(self._free) + len(self._cached):
+            return False
+        for j in shared:
+            old = table[j]
+            new = self._take_fresh()
+            self._fill[new] = self._fill[old]
+            self._live_tokens += self._fill[new]
+            swaps.append((j, old, new))  # ``old`` keeps this reference until the step settles
+            table[j] = new
+        self._extend(table, needed)
+        return True
+
+    def _register(
+        self, seq_id: str, token_ids: Sequence[int], num_tokens: int
+    ) -> list[tuple[int, int]]:
+        """Publish full blocks; returns the (block, hash) pairs newly published."""
+        if not self.enable_prefix_caching:
+            return []
+        table = self._tables[seq_id]
+        chain = self._chains[seq_id]
+        parent = chain[-1] if chain else ROOT_HASH
+        size = self.block_size
+        published = []
+        for j in range(len(chain), num_tokens // size):
+            tokens = tuple(token_ids[j * size : (j + 1) * size])
+            parent = hash((parent, tokens))
+            chain.append(parent)
+            block = table[j]
+            if parent not in self._hash_to_block and self._block_hash[block] is None:
+                self._hash_to_block[parent] = block
+                self._block_hash[block] = parent
+                self._block_tokens[block] = tokens
+                published.append((block, parent))
+        return published
+
+    def _unpublish(self, published: list[tuple[int, int]]) -> None:
+        """Withdraw prefix blocks whose K/V the step did not store."""
+        for block, block_hash in published:
+            if self._block_hash[block] != block_hash:
+                continue  # evicted and reused since
+            self._unregister(block)
+            if self._ref_count[block] == 0 and block in self._cached:
+                del self._cached[block]
+                self._to_free_list(block)
+
+    def _store(self, seq_id: str, start: int, end: int) -> None:
+        table = self._tables[seq_id]
+        size = self.block_size
+        for j in range(start // size, self.blocks_for(end)):
+            self._fill[table[j]] = min(size, end - j * size)
+        self._live_tokens += end - start
+
+    def _restore(self, seq_id: str, before: _Touched) -> None:
+        """Put back the table (and chain) a sequence had when the step first changed it."""
+        table = self._tables[seq_id]
+        for j, old, new in reversed(before.swaps):
+            table[j] = old
+            self._release(new)
+        while len(table) > len(before.table or ()):
+            self._release(table.pop())
+        del self._chains[seq_id][before.chain_len :]
 
     def _share(self, block: int) -> None:
-        if self.ref_count[block] == 0:
+        if self._ref_count[block] == 0:
             del self._cached[block]
-            self.live_tokens += self.fill[block]
-        self.ref_count[block] += 1
+            self._live_tokens += self._fill[block]
+        self._ref_count[block] += 1
 
     def _take_fresh(self) -> int:
         if self._free:
@@ -383,8 +413,8 @@ class BlockManager:
         else:
             block, _ = self._cached.popitem(last=False)
             self._unregister(block)
-        self.ref_count[block] = 1
-        self.fill[block] = 0
+        self._ref_count[block] = 1
+        self._fill[block] = 0
         return block
 
     def _extend(self, table: list[int], num_blocks: int) -> None:
@@ -392,27 +422,165 @@ class BlockManager:
             table.append(self._take_fresh())
 
     def _release(self, block: int) -> int:
-        self.ref_count[block] -= 1
-        if self.ref_count[block] > 0:
+        self._ref_count[block] -= 1
+        if self._ref_count[block] > 0:
             return 0
-        self.live_tokens -= self.fill[block]
-        if self.block_hash[block] is not None:
+        self._live_tokens -= self._fill[block]
+        if self._block_hash[block] is not None:
             self._cached[block] = None
         else:
             self._to_free_list(block)
         return 1
 
     def _unregister(self, block: int) -> None:
-        block_hash = self.block_hash[block]
-        if block_hash is not None and self.hash_to_block.get(block_hash) == block:
-            del self.hash_to_block[block_hash]
-        self.block_hash[block] = None
-        self.block_tokens[block] = None
+        block_hash = self._block_hash[block]
+        if block_hash is not None and self._hash_to_block.get(block_hash) == block:
+            del self._hash_to_block[block_hash]
+        self._block_hash[block] = None
+        self._block_tokens[block] = None
 
     def _to_free_list(self, block: int) -> None:
         self._unregister(block)
-        self.fill[block] = 0
+        self._fill[block] = 0
         self._free.append(block)
+
+
+@dataclass(slots=True)
+class _Touched:
+    """A sequence as the step found it: its table (None: admitted in this step) and chain
+    length, then the copy-on-write swaps ``(index, source, copy)`` the step made."""
+
+    table: tuple[int, ...] | None
+    chain_len: int
+    swaps: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+class StepChanges:
+    """One engine step's block changes, and their outcome.
+
+    The policy proposes them while it schedules (``allocate``, ``grow``, ``register``; the
+    copy-on-write pairs leave through ``take_copies`` for the runner). The engine then settles
+    the step: ``rollback(ids)`` undoes the changes of sequences whose row failed, ``commit``
+    stores the K/V of the rows that ran, confirms their prefix blocks and closes the step;
+    ``rollback()`` with no ids undoes the whole step and closes it.
+
+    Until the step settles, a copy-on-write source stays referenced and freshly published
+    prefix blocks are provisional, so a rollback gives every sequence back the exact table
+    it began the step with (a newly admitted one gives its table up). What a rollback cannot
+    restore is a cached prefix block evicted to make room: the prefix cache is only a cache.
+    """
+
+    def __init__(self, manager: BlockManager) -> None:
+        self._m = manager
+        self._touched: dict[str, _Touched] = {}
+        self._published: dict[str, list[tuple[int, int]]] = {}
+        self._copies: list[tuple[int, int]] = []
+
+    @property
+    def is_open(self) -> bool:
+        return self._m._step is self
+
+    # -- proposals (the policy) -----------------------------------------------------------
+
+    def allocate(
+        self,
+        seq_id: str,
+        token_ids: Sequence[int],
+        num_tokens: int,
+        hits: list[int] | None = None,
+    ) -> int:
+        """Give a new sequence a table covering ``num_tokens`` slots; returns cached tokens.
+        The caller checks ``can_admit`` first (admission respects the reserve)."""
+        self._check_open()
+        cached = self._m._allocate(seq_id, token_ids, num_tokens, hits)
+        self._touched[seq_id] = _Touched(None, 0)
+        return cached
+
+    def grow(self, seq_id: str, start: int, end: int) -> bool:
+        """Make slots ``[start, end)`` writable: add blocks, copy shared ones (copy-on-write).
+        May take reserve blocks. Returns False, changing nothing, when the pool is too empty."""
+        swaps = self._touch(seq_id).swaps
+        done = len(swaps)
+        grown = self._m._grow(seq_id, start, end, swaps)
+        self._copies.extend((old, new) for _, old, new in swaps[done:])
+        return grown
+
+    def register(self, seq_id: str, token_ids: Sequence[int], num_tokens: int) -> None:
+        """Publish the full blocks among the first ``num_tokens`` for prefix sharing, when
+        the step that computes them is scheduled: requests admitted later in the same step
+        already share them (every layer writes the step's K/V before it attends)."""
+        self._touch(seq_id)
+        published = self._m._register(seq_id, token_ids, num_tokens)
+        self._published.setdefault(seq_id, []).extend(published)
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """``(source, copy)`` block pairs the runner must copy before the forward."""
+        copies, self._copies = self._copies, []
+        return copies
+
+    # -- outcome (the engine) -------------------------------------------------------------
+
+    def commit(self, written: Mapping[str, tuple[int, int]]) -> None:
+        """The rows that ran stored K/V for tokens ``[start, end)`` of each sequence in
+        ``written``; keep every change not rolled back and close the step. Prefix blocks
+        published by a sequence that stored nothing are withdrawn."""
+        self._check_open()
+        m = self._m
+        for seq_id, (start, end) in written.items():
+            m._store(seq_id, start, end)
+        for source in self._sources():
+            m._release(source)
+        for seq_id, published in self._published.items():
+            if seq_id not in written:
+                m._unpublish(published)
+        m._step = None
+
+    def rollback(self, seq_ids: Iterable[str] | None = None) -> list[str]:
+        """Undo the changes of ``seq_ids`` (all, closing the step, when None). Returns the
+        sequences whose admission was undone: they hold no blocks any more."""
+        self._check_open()
+        everything = seq_ids is None
+        ids = list({**self._touched, **self._published}) if everything else list(seq_ids)
+        undone = []
+        for seq_id in ids:
+            self._m._unpublish(self._published.pop(seq_id, []))
+            before = self._touched.pop(seq_id, None)
+            if before is None or not self._m.holds(seq_id):
+                continue
+            if before.table is None:
+                self._m.free(seq_id)
+                undone.append(seq_id)
+            else:
+                self._m._restore(seq_id, before)
+        if everything:
+            self._copies.clear()
+            self._m._step = None
+        return undone
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if not self.is_open:
+            raise RuntimeError("this step's block changes are already settled")
+
+    def _touch(self, seq_id: str) -> _Touched:
+        self._check_open()
+        before = self._touched.get(seq_id)
+        if before is None:
+            table = self._m._tables[seq_id]
+            before = _Touched(tuple(table), len(self._m._chains[seq_id]))
+            self._touched[seq_id] = before
+        return before
+
+    def _sources(self) -> Iterator[int]:
+        return (old for t in self._touched.values() for _, old, _ in t.swaps)
+
+    def _forget(self, seq_id: str) -> None:
+        """The sequence is being freed mid-step (preempted): its copy-on-write sources are
+        released now, and nothing of it is left to undo but its publications."""
+        before = self._touched.pop(seq_id, None)
+        for _, old, _ in before.swaps if before else ():
+            self._m._release(old)
 
 
 def allocate_kv_cache(

@@ -10,7 +10,7 @@ from engine.checkpoint import default_model_dir
 from engine.config import EngineConfig
 from engine.engine import LLMEngine, Prompt
 from engine.errors import QueueFull
-from engine.kv_cache import KVStats, ReclaimResult
+from engine.kv_stats import KVStats, ReclaimResult
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from policies.base import PolicySpec

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import enum
+from collections import abc
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.sampling_params import SamplingParams
+
+NO_BLOCKS: abc.Sequence[int] = ()
+"""The block table of a sequence that holds no KV blocks."""
 
 
 class SequenceStatus(enum.Enum):
@@ -21,7 +25,8 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """``token_ids`` is prompt + output; ``num_computed_tokens`` of them have K/V in the cache.
 
-    ``block_table`` is owned by the BlockManager; the sequence holds the same list object.
+    ``block_table`` is the BlockManager's read-only live view of the sequence's blocks
+    (``BlockManager.table``), set when the sequence is admitted; the runner reads it.
     """
 
     seq_id: str
@@ -31,7 +36,7 @@ class Sequence:
     token_ids: list[int] = field(init=False)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
-    block_table: list[int] = field(default_factory=list)
+    block_table: abc.Sequence[int] = NO_BLOCKS
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     stop_reason: str | int | None = None

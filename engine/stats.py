@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.kv_cache import ReclaimResult
+from engine.kv_stats import ReclaimResult
 from engine.outputs import RequestMetrics
 
 PERCENTILES = (50, 95, 99)

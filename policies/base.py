@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from engine.batch import ScheduledBatch, ScheduledSeq
 from engine.config import EngineLimits
-from engine.kv_cache import BlockManager
-from engine.sequence import Sequence, SequenceStatus
+from engine.kv_cache import BlockManager, StepChanges
+from engine.sequence import NO_BLOCKS, Sequence, SequenceStatus
 
 PolicyName = Literal["static", "dynamic", "continuous", "hybrid"]
 
@@ -86,6 +86,20 @@ MaxBatchedTokens = Field(
 )
 
 
+class PolicySnapshot(BaseModel):
+    """What a policy reports of itself for ``/admin/state``; policies add their own fields
+    in a subclass. Built fresh by each ``snapshot()`` call, never edited afterwards."""
+
+    model_config = ConfigDict(frozen=True, from_attributes=True)
+    policy: str = Field(description="The policy's name.")
+    params: dict[str, Any] = Field(description="Its params, defaults filled in.")
+    waiting: int = Field(description="Requests waiting to be admitted.")
+    running: int = Field(description="Requests holding KV blocks and being computed.")
+    preemptions: int = Field(description="Sequences preempted (recompute) so far.")
+    overdue: int = Field(0, description="Waiting requests past max_wait_s (aging).")
+    mode: str | None = Field(None, description="The hybrid policy's current mode.")
+
+
 class SchedulingPolicy(ABC):
     name: ClassVar[str]
     params_model: ClassVar[type[PolicyParams]]
@@ -104,6 +118,7 @@ class SchedulingPolicy(ABC):
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self._changes: StepChanges | None = None
 
     # -- the interface ------------------------------------------------------------------
 
@@ -125,8 +140,27 @@ class SchedulingPolicy(ABC):
                 return seq
         return None
 
+    def schedule(self, changes: StepChanges) -> ScheduledBatch:
+        """Plan one step; every block change it needs is proposed into ``changes`` (the
+        engine commits or rolls them back once the step has run)."""
+        self._changes = changes
+        try:
+            batch = self._plan()
+        finally:
+            self._changes = None
+        batch.block_copies = changes.take_copies()
+        return batch
+
     @abstractmethod
-    def schedule(self) -> ScheduledBatch: ...
+    def _plan(self) -> ScheduledBatch:
+        """Build the step's batch, proposing block changes into ``self.changes``."""
+
+    @property
+    def changes(self) -> StepChanges:
+        """The open step's block changes (only while ``schedule`` runs)."""
+        if self._changes is None:
+            raise RuntimeError("blocks are allocated or grown only while a step is scheduled")
+        return self._changes
 
     def on_step_done(self, batch: ScheduledBatch, finished: list[Sequence]) -> None:
         """Finished sequences leave at once and give their blocks back."""
@@ -143,7 +177,7 @@ class SchedulingPolicy(ABC):
     def adopt(self, seqs: list[Sequence]) -> None:
         """Take sequences over with their blocks and progress; the rest join the queue."""
         for seq in seqs:
-            if seq.seq_id in self.blocks.tables:
+            if self.blocks.holds(seq.seq_id):
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
             else:
@@ -154,15 +188,21 @@ class SchedulingPolicy(ABC):
         """Sequences whose blocks this policy holds or will need (reclaim leaves these)."""
         return {s.seq_id for s in self.running} | {s.seq_id for s in self.waiting}
 
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "policy": self.name,
-            "params": self.params.model_dump(),
-            "waiting": len(self.waiting),
-            "running": len(self.running),
-            "preemptions": self.num_preemptions,
-            "overdue": len(self._overdue(self.waiting)),
-        }
+    def snapshot(self) -> PolicySnapshot:
+        return PolicySnapshot(
+            policy=self.name,
+            params=self.params.model_dump(),
+            waiting=len(self.waiting),
+            running=len(self.running),
+            preemptions=self.num_preemptions,
+            overdue=len(self._overdue(self.waiting)),
+            mode=self.mode,
+        )
+
+    @property
+    def mode(self) -> str | None:
+        """A policy that switches between ways of batching names the current one."""
+        return None
 
     @property
     def queue_depth(self) -> int:
@@ -189,8 +229,8 @@ class SchedulingPolicy(ABC):
 
     def _admit(self, seq: Sequence, hold_tokens: int, hits: list[int]) -> None:
         """Give a waiting sequence its blocks (prefix hits first) and mark it running."""
-        cached = self.blocks.allocate(seq.seq_id, seq.token_ids, hold_tokens, hits)
-        seq.block_table = self.blocks.tables[seq.seq_id]
+        cached = self.changes.allocate(seq.seq_id, seq.token_ids, hold_tokens, hits)
+        seq.block_table = self.blocks.table(seq.seq_id)
         seq.num_computed_tokens = cached
         seq.num_cached_tokens = max(seq.num_cached_tokens, cached)
         seq.status = SequenceStatus.RUNNING
@@ -203,7 +243,7 @@ class SchedulingPolicy(ABC):
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
         """Recompute-style preemption: drop the KV, keep the tokens, requeue at the front."""
         self.blocks.free(seq.seq_id)
-        seq.block_table = []
+        seq.block_table = NO_BLOCKS
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
@@ -224,7 +264,7 @@ class SchedulingPolicy(ABC):
         may already share blocks that an older one publishes in this step.
         """
         start = seq.num_computed_tokens
-        while not self.blocks.grow(seq.seq_id, start, start + num_tokens):
+        while not self.changes.grow(seq.seq_id, start, start + num_tokens):
             if not may_preempt:
                 return False
             victim = self.running[-1]
@@ -236,8 +276,4 @@ class SchedulingPolicy(ABC):
     def _schedule(self, batch: ScheduledBatch, seq: Sequence, num_new: int, pads: int = 0) -> None:
         batch.entries.append(ScheduledSeq(seq, num_new, pads))
         if num_new:
-            self.blocks.register(seq.seq_id, seq.token_ids, seq.num_computed_tokens + num_new)
-
-    def _finish(self, batch: ScheduledBatch) -> ScheduledBatch:
-        batch.block_copies = self.blocks.take_copies()
-        return batch
+            self.changes.register(seq.seq_id, seq.token_ids, seq.num_computed_tokens + num_new)

@@ -61,7 +61,7 @@ class ContinuousPolicy(SchedulingPolicy):
         for seq in self.running:
             self.blocks.trim(seq.seq_id, seq.num_tokens)
 
-    def schedule(self) -> ScheduledBatch:
+    def _plan(self) -> ScheduledBatch:
         batch = ScheduledBatch(mode=self.name)
         budget = self.token_budget
         for seq in list(self.running):
@@ -72,7 +72,7 @@ class ContinuousPolicy(SchedulingPolicy):
                 if used is None:
                     break
                 budget -= used
-        return self._finish(batch)
+        return batch
 
     def _continue(
         self, batch: ScheduledBatch, seq: Sequence, budget: int, may_preempt: bool = True

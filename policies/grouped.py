@@ -14,13 +14,22 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+
+from pydantic import Field
 
 from engine.batch import ScheduledBatch
 from engine.config import EngineLimits
 from engine.kv_cache import BlockManager
 from engine.sequence import Sequence, SequenceStatus
-from policies.base import PolicyParams, SchedulingPolicy
+from policies.base import PolicyParams, PolicySnapshot, SchedulingPolicy
+
+
+class GroupSnapshot(PolicySnapshot):
+    """Static and dynamic batching: the padded group in flight."""
+
+    group_size: int = Field(description="Rows of the group in flight.")
+    group_finished_rows: int = Field(description="Its rows already finished (still held).")
+    groups_started: int = Field(description="Groups started so far.")
 
 
 class PaddedGroupPolicy(SchedulingPolicy):
@@ -44,7 +53,7 @@ class PaddedGroupPolicy(SchedulingPolicy):
 
     # -- interface ----------------------------------------------------------------------
 
-    def schedule(self) -> ScheduledBatch:
+    def _plan(self) -> ScheduledBatch:
         batch = ScheduledBatch(mode=self.name)
         if not self.running:
             self._end_group()
@@ -60,7 +69,7 @@ class PaddedGroupPolicy(SchedulingPolicy):
                     self._schedule(batch, seq, 0, 1)
                 elif seq.status is SequenceStatus.RUNNING and self._reserve_slots(seq, 1, batch):
                     self._schedule(batch, seq, 1)
-        return self._finish(batch)
+        return batch
 
     def on_step_done(self, batch: ScheduledBatch, finished: list[Sequence]) -> None:
         """Finished rows stay in the group, blocks held, until its longest row is done."""
@@ -106,14 +115,20 @@ class PaddedGroupPolicy(SchedulingPolicy):
         ids = super().live_ids() | {s.seq_id for s in self.group}
         return ids | {s.seq_id for group in self.queued_groups for s in group}
 
-    def snapshot(self) -> dict[str, Any]:
-        snap = super().snapshot()
-        snap["waiting"] += sum(len(g) for g in self.queued_groups)
-        snap["overdue"] = len(self._overdue([*self.waiting, *self.live_queued()]))
-        snap["group_size"] = len(self.group)
-        snap["group_finished_rows"] = sum(1 for s in self.group if s.is_finished)
-        snap["groups_started"] = self.groups_started
-        return snap
+    def snapshot(self) -> GroupSnapshot:
+        queued = self.live_queued()
+        return GroupSnapshot(
+            policy=self.name,
+            params=self.params.model_dump(),
+            waiting=len(self.waiting) + len(queued),
+            running=len(self.running),
+            preemptions=self.num_preemptions,
+            overdue=len(self._overdue([*self.waiting, *queued])),
+            mode=self.mode,
+            group_size=len(self.group),
+            group_finished_rows=sum(1 for s in self.group if s.is_finished),
+            groups_started=self.groups_started,
+        )
 
     @property
     def queue_depth(self) -> int:
@@ -142,7 +157,7 @@ class PaddedGroupPolicy(SchedulingPolicy):
             if batch.entries and cost > budget:
                 break
             pads = padded_len - seq.num_tokens
-            if not self.blocks.grow(seq.seq_id, seq.num_tokens, padded_len):
+            if not self.changes.grow(seq.seq_id, seq.num_tokens, padded_len):
                 pads = 0  # an adopted row without room for padding computes unpadded
             if self._reserve_slots(seq, seq.num_uncomputed_tokens, batch):
                 self._schedule(batch, seq, seq.num_uncomputed_tokens, pads)

@@ -9,8 +9,6 @@ Aging (``max_wait_s``) lets a long prompt that waited too long jump the length b
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 
 from engine.batch import ScheduledBatch
@@ -36,7 +34,7 @@ class HybridPolicy(ContinuousPolicy):
     def single_mode(self) -> bool:
         return self.queue_depth < self.params.single_request_below
 
-    def schedule(self) -> ScheduledBatch:
+    def _plan(self) -> ScheduledBatch:
         if self.single_mode:
             return self._schedule_single()
         batch = ScheduledBatch(mode="hybrid-batched")
@@ -44,7 +42,7 @@ class HybridPolicy(ContinuousPolicy):
         for seq in [s for s in self.running if not s.in_prefill]:
             budget -= self._continue(batch, seq, budget)
         if batch.preempted:
-            return self._finish(batch)
+            return batch
         window = self.params.length_window
         prefills = [s for s in self.running if s.in_prefill] + list(self.waiting)
         prefills.sort(key=lambda s: (s.num_uncomputed_tokens // window, s.arrival_time))
@@ -56,7 +54,7 @@ class HybridPolicy(ContinuousPolicy):
             if used is None:
                 break
             budget -= used
-        return self._finish(batch)
+        return batch
 
     def _with_overdue_first(self, prefills: list[Sequence]) -> list[Sequence]:
         """Running prefills keep going first (they hold blocks), then overdue waiting
@@ -86,9 +84,8 @@ class HybridPolicy(ContinuousPolicy):
                 continue
             if used:
                 break
-        return self._finish(batch)
+        return batch
 
-    def snapshot(self) -> dict[str, Any]:
-        snap = super().snapshot()
-        snap["mode"] = "single" if self.single_mode else "batched"
-        return snap
+    @property
+    def mode(self) -> str:
+        return "single" if self.single_mode else "batched"

@@ -9,6 +9,8 @@ violation cannot hide behind an import error and the check takes well under a se
 - ``engine/``, ``policies/`` and ``kernels/`` never import the server's frameworks.
 - Inside the tree, names come from submodules, never from a package's ``__init__``.
 - Nothing of ours touches Textual's private binding state (issue 12, item 6).
+- Nothing outside engine/kv_cache.py touches the BlockManager's private state (its tables,
+  chains, fill, ref counts...): callers use its public API (issue 12, item 1).
 Each rule also runs on a small tree with a deliberate violation, to show it can fail.
 """
 
@@ -54,6 +56,8 @@ SERVER_FRAMEWORKS = frozenset(
 """What ``engine/``, ``policies/`` and ``kernels/`` never import (DESIGN §1, plus the
 frameworks fastapi and sqlmodel are built on)."""
 PRIVATE_TEXTUAL = frozenset({"_bindings", "_merged_bindings"})
+KV_CACHE = Path("engine/kv_cache.py")
+"""The BlockManager's home: the only file that may read or write its private state."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,11 +206,39 @@ def private_textual_violations(root: Path) -> list[str]:
     return found
 
 
+def block_manager_private_violations(root: Path) -> list[str]:
+    """``x._name`` outside engine/kv_cache.py, for every private attribute the BlockManager
+    sets up in its ``__init__`` (``x`` anything but ``self``)."""
+    home = ast.parse((root / KV_CACHE).read_text())
+    init = next(
+        f
+        for c in ast.walk(home)
+        if isinstance(c, ast.ClassDef) and c.name == "BlockManager"
+        for f in c.body
+        if isinstance(f, ast.FunctionDef) and f.name == "__init__"
+    )
+    private = {
+        n.attr for n in ast.walk(init) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
+    }
+    found = []
+    paths = [p for top in (*MAY_IMPORT, "tests") for p in (root / top).rglob("*.py")]
+    for path in sorted(p for p in paths if p != root / KV_CACHE):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in private
+                and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+            ):
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {node.attr}")
+    return found
+
+
 RULES = {
     "floors": lambda root: floor_violations(Tree(root)),
     "frameworks": lambda root: framework_violations(Tree(root)),
     "package_init": lambda root: package_init_violations(Tree(root)),
     "private_textual": private_textual_violations,
+    "block_manager_private": block_manager_private_violations,
 }
 
 
@@ -240,6 +272,7 @@ VIOLATIONS = {
         "control/x.py": "import engine\n\nengine.LLM()\n",
     },
     "private_textual": {"tui/app.py": "app._bindings = None\ngetattr(app, '_bindings')\n"},
+    "block_manager_private": {"bench/run.py": "engine.blocks._tables.pop('a')\n"},
 }
 
 
@@ -249,6 +282,7 @@ def test_a_deliberate_violation_fails_the_rule(rule: str, tmp_path: Path) -> Non
         "engine/__init__.py": "from engine.llm import LLM\n",
         "engine/llm.py": "from engine.sequence import Sequence\nfrom policies.base import S\n",
         "engine/sequence.py": "import torch\n",
+        "engine/kv_cache.py": "class BlockManager:\n    def __init__(s):\n        s._tables = {}\n",
         "engine/batch.py": "from engine.sequence import Sequence\n",
         "engine/model/__init__.py": "",
         "engine/model/llama.py": "from kernels import ops\nfrom .. import sequence\n",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from pydantic import ValidationError
 
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
@@ -175,11 +176,31 @@ def test_snapshot_reports_requests_and_policy(llm):
     engine = llm.engine
     rid = engine.add_request([61] * 20, GREEDY)
     snap = engine.snapshot()
-    assert snap["policy"]["name"] == "continuous"
-    assert [r["id"] for r in snap["requests"]] == [rid]
-    assert snap["kv"]["total"] == engine.kv_stats().total
-    assert len(snap["block_map"]) == snap["kv"]["total"]
+    assert snap.policy.name == "continuous" and snap.scheduler.policy == "continuous"
+    assert [r.id for r in snap.requests] == [rid]
+    assert (snap.queue.waiting, snap.scheduler.waiting) == (1, 1), "queued requests count"
+    assert snap.kv == engine.kv_stats()
+    assert len(snap.block_map) == snap.kv.total
+    with pytest.raises(ValidationError, match="frozen"):
+        snap.kv.used = 3
+    engine.step()
+    row = engine.snapshot().requests[0]
+    assert (row.state, row.blocks) == ("running", 2)
     _drain(engine)
+
+
+def test_snapshot_reports_the_applied_policy_version_and_its_typed_snapshot(tiny_model_dir):
+    engine = LLM(tiny_model_dir, max_model_len=256, policy="static").engine
+    first = engine.snapshot()
+    assert first.policy_version is None and first.scheduler.groups_started == 0
+    engine.set_policy({"name": "hybrid"}, version=7).result()
+    snap = engine.snapshot()
+    assert (snap.policy_version, snap.policy.name, snap.scheduler.mode) == (7, "hybrid", "single")
+    dumped = snap.model_dump(mode="json")
+    assert dumped["scheduler"]["mode"] == "single" and dumped["kv"]["utilization"] == 0.0
+    engine.set_policy("dynamic").result()
+    assert engine.snapshot().policy_version is None, "a switch without a version says so"
+    assert "group_size" in engine.snapshot().model_dump()["scheduler"]
 
 
 def test_incremental_detokenizer_handles_multibyte_text(llm):

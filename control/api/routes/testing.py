@@ -18,8 +18,8 @@ router = APIRouter(
 @router.post("/leak/{request_id}", response_model=LeakResult)
 def leak(request_id: str, runtime: RuntimeDep) -> LeakResult:
     """Drop a request without freeing its KV blocks: what the reclaim sweep must repair."""
-    rows = runtime.llm_engine.snapshot()["requests"]
-    blocks = next((row["blocks"] for row in rows if row["id"] == request_id), 0)
+    rows = runtime.llm_engine.snapshot().requests
+    blocks = next((row.blocks for row in rows if row.id == request_id), 0)
     leaked = runtime.engine.leak(request_id)
     return LeakResult(request_id=request_id, leaked=leaked, blocks=blocks, at=utcnow())
 

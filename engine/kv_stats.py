@@ -1,0 +1,50 @@
+"""What the KV block pool reports: its accounting (``KVStats``), a block's state and what a
+reclaim sweep did. Defined once here; the control plane's ``/admin/state`` and metrics reuse
+these types rather than restating them."""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+
+class BlockState(enum.Enum):
+    FREE = "free"
+    USED = "used"
+    CACHED = "cached"
+
+
+class KVStats(BaseModel):
+    """The pool's accounting at one moment: ``free + used + cached == total``."""
+
+    model_config = ConfigDict(frozen=True, from_attributes=True)
+
+    block_size: int = Field(description="Token slots per block.")
+    total: int = Field(description="Blocks in the pool.")
+    free: int = Field(description="Blocks on the free list.")
+    used: int = Field(description="Blocks with a reference count above 0.")
+    cached: int = Field(description="Unreferenced blocks holding a reusable prefix.")
+    reserved: int = Field(description="Free-or-cached blocks admission must leave alone.")
+    live_tokens: int = Field(description="Tokens whose K/V is stored in used blocks.")
+    held_slots: int = Field(description="Slots of the used blocks (used × block_size).")
+
+    @computed_field(description="live_tokens / held_slots: padding and half-empty blocks lower it.")  # type: ignore[prop-decorator]
+    @property
+    def utilization(self) -> float:
+        return self.live_tokens / self.held_slots if self.held_slots else 0.0
+
+    @computed_field(description="used / total.")  # type: ignore[prop-decorator]
+    @property
+    def usage(self) -> float:
+        return self.used / self.total if self.total else 0.0
+
+
+class ReclaimResult(NamedTuple):
+    freed: int
+    evicted: int
+    free_before: int
+    free_after: int
+    reserve_breached: bool
+    duration_s: float

@@ -1,0 +1,99 @@
+"""``EngineSnapshot``: a frozen, typed picture of the engine taken at a step boundary.
+
+It is what ``/admin/state``, the Prometheus gauges and the console read, by attribute: the
+requests, queue depths, KV accounting and block map, the policy's own typed snapshot, the
+policy version the engine runs, and the recent statistics.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
+
+from engine.kv_stats import KVStats
+from policies.base import PolicySnapshot, PolicySpec
+
+FROZEN = ConfigDict(frozen=True, from_attributes=True)
+
+
+class RequestSnapshot(BaseModel):
+    model_config = FROZEN
+    id: str
+    state: str = Field(description="waiting, running or finished.")
+    prompt_tokens: int
+    generated_tokens: int
+    blocks: int = Field(description="KV blocks the request holds.")
+    age_s: float = Field(description="Seconds since it arrived.")
+    preemptions: int
+
+
+class QueueDepths(BaseModel):
+    model_config = FROZEN
+    waiting: int
+    running: int
+
+
+class Throughput(BaseModel):
+    model_config = FROZEN
+    output_tokens_per_s: float
+    prompt_tokens_per_s: float
+    steps_per_s: float
+
+
+class Percentiles(BaseModel):
+    model_config = FROZEN
+    p50: float | None
+    p95: float | None
+    p99: float | None
+
+
+class Latency(BaseModel):
+    model_config = FROZEN
+    ttft: Percentiles
+    tpot: Percentiles
+    e2e: Percentiles
+
+
+class Totals(BaseModel):
+    model_config = FROZEN
+    steps: int
+    prompt_tokens: int
+    generation_tokens: int
+    padded_tokens: int
+    preemptions: int
+    requests_finished: int
+    engine_overhead: float = Field(description="Share of step time outside the forward.")
+
+
+class ReclaimRecord(BaseModel):
+    """One reclaim sweep the engine ran (the engine's clock)."""
+
+    model_config = FROZEN
+    time: float
+    freed: int
+    evicted: int
+    free_before: int
+    free_after: int
+    reserve_breached: bool
+    duration_s: float
+
+
+class EngineSnapshot(BaseModel):
+    model_config = FROZEN
+
+    policy: PolicySpec = Field(description="The policy the engine runs.")
+    policy_version: int | None = Field(
+        None, description="The version given with that policy to set_policy, if any."
+    )
+    scheduler: SerializeAsAny[PolicySnapshot] = Field(
+        description="The policy's own snapshot (its subclass adds the policy's fields)."
+    )
+    queue: QueueDepths = Field(description="Waiting includes requests not yet taken in.")
+    memory_reserve: float
+    uptime_s: float
+    requests: tuple[RequestSnapshot, ...]
+    kv: KVStats
+    block_map: str = Field(description="One character per block: '.' free, '#' used, 'c' cached.")
+    throughput: Throughput
+    latency: Latency
+    totals: Totals
+    reclaims: tuple[ReclaimRecord, ...] = Field(description="The last sweeps, oldest first.")
