@@ -129,7 +129,11 @@ def _cause(answer: requests.Response | None) -> str:
     detail = body.get("detail") if isinstance(body, dict) else None
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(detail, list):
-        parts = sorted({f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail})
+        # The first three steps of a location (body.policy.params) name the field; deeper
+        # steps are often the generated key itself.
+        parts = sorted(
+            {f"{'.'.join(map(str, d.get('loc', [])[:3]))}: {d.get('msg')}" for d in detail}
+        )
         return f"{answer.status_code} {'; '.join(parts)}"
     if isinstance(error, dict):
         return f"{answer.status_code} {error.get('param')}: {error.get('message')}"
