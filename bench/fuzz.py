@@ -34,6 +34,8 @@ DEFAULT_SEED = 20261130
 SUITE_EXAMPLES = 25
 REQUEST_TIMEOUT_S = 60.0
 AUTHS = ("admin", "anonymous")
+# The security scheme of the admin routes in /openapi.json (FastAPI names an HTTPBearer so).
+ADMIN_SCHEME = "HTTPBearer"
 # Every path left out of the run, with the reason (the schema is filtered by these regexes).
 EXCLUDED_PATHS = {
     r"^/admin/testing/": "test-only fault-injection routes, mounted only with SERVEDECK_TESTING=1",
@@ -56,10 +58,16 @@ ENV_OUT = "SERVEDECK_FUZZ_OUT"
 TEST_PATH = Path(__file__).resolve().parent.parent / "tests" / "control" / "test_fuzz.py"
 
 
-def fuzz_config(seed: int = DEFAULT_SEED, examples: int = SUITE_EXAMPLES) -> schemathesis.Config:
-    """All checks (schemathesis' default), both generation modes, no example database."""
+def fuzz_config(
+    seed: int = DEFAULT_SEED, examples: int = SUITE_EXAMPLES, admin_token: str | None = None
+) -> schemathesis.Config:
+    """All checks (schemathesis' default), both generation modes, no example database; with
+    ``admin_token``, schemathesis sends it wherever the schema asks for ``ADMIN_SCHEME`` (and
+    leaves it out of the cases that test a missing or wrong credential)."""
+    auth = {"auth": {"openapi": {ADMIN_SCHEME: {"bearer": admin_token}}}} if admin_token else {}
     return schemathesis.Config.from_dict(
-        {
+        auth
+        | {
             "seed": seed,
             "request-timeout": REQUEST_TIMEOUT_S,
             "generation": {"mode": "all", "max-examples": examples, "database": "none"},
@@ -103,7 +111,7 @@ class FuzzSummary:
     cases: int = 0
     cases_by_phase: dict[str, int] = field(default_factory=dict)
     cases_by_operation: dict[str, int] = field(default_factory=dict)
-    status_codes: dict[str, int] = field(default_factory=dict)
+    status_codes: dict[str, dict[str, int]] = field(default_factory=dict)
     documented_refusals: dict[str, int] = field(default_factory=dict)
     failing_cases: int = 0
     failures_by_check: dict[str, int] = field(default_factory=dict)
@@ -170,24 +178,23 @@ class FuzzRecorder:
         self._answers.append(response)
 
     def send(self, case: schemathesis.Case, auth: str) -> None:
-        """Send ``case`` with (``admin``) or without (``anonymous``) the token; never raises
-        for a failed check, it books it."""
+        """Send ``case`` (from a schema loaded with or without the admin token, ``auth`` says
+        which) and book the outcome; never raises for a failed check."""
         label = case.operation.label
         self._answers.clear()
         self.summary.cases += 1
         self._counters["operation"][f"{label} [{auth}]"] += 1
         self._counters["phase"][case.meta.phase.name.value if case.meta else "unknown"] += 1
-        headers = {"Authorization": f"Bearer {self.token}"} if auth == "admin" else None
         try:
             case.call_and_validate(
-                base_url=self.url, session=self.session, headers=headers, timeout=REQUEST_TIMEOUT_S
+                base_url=self.url, session=self.session, timeout=REQUEST_TIMEOUT_S
             )
         except FailureGroup as group:
             self._book(case, auth, list(group.exceptions))
         finally:
             # The first answer is the case's own; checks such as ignored_auth send probes after.
             if self._answers:
-                self._counters["status"][str(self._answers[0].status_code)] += 1
+                self._counters["status"][f"{auth} {self._answers[0].status_code}"] += 1
 
     def _book(self, case: schemathesis.Case, auth: str, failures: list) -> None:
         answer = self._answers[0] if self._answers else None
@@ -225,7 +232,10 @@ class FuzzRecorder:
         summary.operations = sorted({key.rsplit(" [", 1)[0] for key in counters["operation"]})
         summary.cases_by_phase = dict(sorted(counters["phase"].items()))
         summary.cases_by_operation = dict(sorted(counters["operation"].items()))
-        summary.status_codes = dict(sorted(counters["status"].items()))
+        summary.status_codes = {}
+        for key, count in sorted(counters["status"].items()):
+            auth, status = key.split(" ")
+            summary.status_codes.setdefault(auth, {})[status] = count
         summary.failures_by_check = dict(sorted(counters["check"].items()))
         summary.documented_refusals = dict(sorted(counters["refusal"].items()))
         summary.failures = list(self._distinct.values())

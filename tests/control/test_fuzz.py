@@ -38,6 +38,7 @@ import pytest
 import schemathesis
 
 from bench.fuzz import (
+    ADMIN_SCHEME,
     AUTHS,
     DEFAULT_SEED,
     ENV_EXAMPLES,
@@ -71,7 +72,12 @@ def fuzz_server(
 
 
 @pytest.fixture(scope="module")
-def api_schema(fuzz_server: ServerProcess) -> schemathesis.BaseSchema:
+def admin_schema(fuzz_server: ServerProcess) -> schemathesis.BaseSchema:
+    return load_schema(fuzz_server.url, fuzz_config(SEED, EXAMPLES, admin_token=TOKEN))
+
+
+@pytest.fixture(scope="module")
+def anonymous_schema(fuzz_server: ServerProcess) -> schemathesis.BaseSchema:
     return load_schema(fuzz_server.url, fuzz_config(SEED, EXAMPLES))
 
 
@@ -80,26 +86,31 @@ def recorder(fuzz_server: ServerProcess) -> FuzzRecorder:
     return FuzzRecorder(fuzz_server.url, TOKEN, FuzzSummary(SEED, EXAMPLES))
 
 
-schema = schemathesis.pytest.from_fixture("api_schema")
+with_token = schemathesis.pytest.from_fixture("admin_schema")
+without_token = schemathesis.pytest.from_fixture("anonymous_schema")
 
 
-@schema.parametrize()
+@with_token.parametrize()
 def test_fuzz_with_admin_token(case: schemathesis.Case, recorder: FuzzRecorder) -> None:
     recorder.send(case, "admin")
 
 
-@schema.parametrize()
+@without_token.parametrize()
 def test_fuzz_without_token(case: schemathesis.Case, recorder: FuzzRecorder) -> None:
     recorder.send(case, "anonymous")
 
 
 def test_fuzz_found_no_failures(
-    recorder: FuzzRecorder, api_schema: schemathesis.BaseSchema, fuzz_server: ServerProcess
+    recorder: FuzzRecorder, anonymous_schema: schemathesis.BaseSchema, fuzz_server: ServerProcess
 ) -> None:
     summary = recorder.finish()
     if out := os.environ.get(ENV_OUT):
         recorder.write(Path(out))
-    live = sorted(result.ok().label for result in api_schema.get_all_operations())
+    schemes = anonymous_schema.raw_schema["components"]["securitySchemes"]
+    assert ADMIN_SCHEME in schemes, (
+        f"the admin token was never sent: no {ADMIN_SCHEME} in {schemes}"
+    )
+    live = sorted(result.ok().label for result in anonymous_schema.get_all_operations())
     wanted = [f"{label} [{auth}]" for label in live for auth in AUTHS]
     missing = [key for key in wanted if key not in summary.cases_by_operation]
     assert not missing, f"operations never fuzzed (run the whole module): {missing}"
