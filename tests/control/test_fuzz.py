@@ -12,6 +12,9 @@ fuzzing phase (``SERVEDECK_FUZZ_EXAMPLES`` raises it: ``python -m bench.fuzz`` i
 plus the deterministic ``examples`` and ``coverage`` phases (boundary values, wrong types,
 missing fields: the cases that found defect 5). Each case is booked, never raised, so one run
 lists every distinct failure; ``test_fuzz_found_no_failures`` then asserts there is none.
+With the token, schemathesis' own auth for the admin security scheme sends it where the schema
+asks for it and leaves it out of the cases that test a missing or wrong credential; without it,
+no token is configured (schemathesis still generates wrong ones).
 
 Left out, on purpose (``bench.fuzz.EXCLUDED_PATHS`` / ``NOT_CHECKED``):
 - ``/admin/testing/*``: test-only fault-injection routes, mounted only with
