@@ -23,6 +23,7 @@ Left out, on purpose (``bench.fuzz.EXCLUDED_PATHS`` / ``NOT_CHECKED``):
   the operation declares goes (``schema``/``itemSchema``, ``contentSchema`` for the JSON data);
   tests/control/test_completions.py checks the events themselves.
 - ``max_response_time``: no limit set (timing on a shared 2-core machine is noise).
+- The stateful phase: the schema declares no OpenAPI links to chain calls by.
 Tolerated, and counted apart (``bench.fuzz.DOCUMENTED_REFUSALS``): a schema-valid completion
 refused with 400 and ``error.code == "context_length_exceeded"`` (prompt tokens + max_tokens past
 ``max_model_len`` or the KV pool depend on the tokenized prompt, which no JSON Schema can say);
