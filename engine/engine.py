@@ -13,13 +13,14 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import torch
 from tokenizers import Tokenizer
 
+from engine.admission import check_request
 from engine.batch import ScheduledBatch, StepInfo, StepResult
 from engine.commands import CommandQueue
 from engine.config import EngineConfig, EngineLimits
@@ -156,32 +157,7 @@ class LLMEngine:
 
     def check_request(self, token_ids: list[int], params: SamplingParams) -> None:
         """Raise ``RequestRejected`` (naming the field) for a request that can never be served."""
-        if not token_ids:
-            raise RequestRejected("prompt is empty", "prompt")
-        if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in token_ids):
-            raise RequestRejected(f"prompt token ids must be in [0, {self.vocab_size})", "prompt")
-        max_len = self.limits.max_model_len
-        if len(token_ids) >= max_len:
-            raise RequestRejected(
-                f"prompt has {len(token_ids)} tokens; max_model_len is {max_len} "
-                "(the prompt and at least one generated token must fit)",
-                "prompt",
-            )
-        admissible = self.blocks.num_blocks - self.blocks.reserved
-        if self.blocks.blocks_for(len(token_ids) + 1) > admissible:
-            raise RequestRejected(
-                f"prompt has {len(token_ids)} tokens but the KV pool admits at most "
-                f"{admissible * self.limits.block_size} ({admissible} blocks of "
-                f"{self.limits.block_size} above the memory reserve)",
-                "prompt",
-            )
-        if len(token_ids) + params.max_tokens > max_len:
-            raise RequestRejected(
-                f"max_tokens={params.max_tokens} with a prompt of {len(token_ids)} tokens asks "
-                f"for {len(token_ids) + params.max_tokens} tokens; max_model_len is {max_len} "
-                "(reduce the prompt or max_tokens)",
-                "max_tokens",
-            )
+        check_request(token_ids, params, self.limits, self.blocks, self.vocab_size)
 
     def abort(self, request_id: str) -> Future[bool]:
         """Stop a request and free its blocks; its stream ends with ``finish_reason='abort'``."""
@@ -217,40 +193,48 @@ class LLMEngine:
                 raise
             finally:
                 self.current_step = None
-            self._settle(changes, batch, result)
-            outputs.extend(self._postprocess(batch, result))
-            self._record(batch, started, len(result.token_ids) - len(result.failed))
+            requeued = self._settle(changes, batch, result)
+            outputs.extend(self._postprocess(batch, result, requeued))
+            self._requeue(requeued)
+            generated = len(result.token_ids) - len(result.failed) - len(requeued)
+            self._record(batch, started, generated)
             return outputs
 
-    def _settle(self, changes: StepChanges, batch: ScheduledBatch, result: StepResult) -> None:
+    def _settle(self, changes: StepChanges, batch: ScheduledBatch, result: StepResult) -> set[str]:
         """The rows that ran commit their tokens' K/V; a failed row's block changes roll back
-        (its request is then ended by ``_postprocess``)."""
-        changes.rollback(result.failed)
+        (its request is then ended by ``_postprocess``). Returns the requests admitted in this
+        step on prefix blocks a failed row published: rolled back too, they are requeued."""
+        dropped = set(changes.rollback(result.failed)) | result.failed.keys()
         written: dict[str, tuple[int, int]] = {}
         for entry in batch.entries:
             seq = entry.seq
-            if entry.num_new_tokens and seq.seq_id not in result.failed:
+            if entry.num_new_tokens and seq.seq_id not in dropped:
                 start = seq.num_computed_tokens
                 seq.num_computed_tokens += entry.num_new_tokens
                 written[seq.seq_id] = (start, seq.num_computed_tokens)
         changes.commit(written)
+        return dropped - result.failed.keys()
 
     def _roll_back(self, changes: StepChanges) -> None:
-        """The step failed as a whole: undo all its block changes. Sequences admitted in it
-        give their blocks up and go back to waiting (the policy re-adopts what it holds)."""
-        if not changes.is_open:
-            return
-        undone = changes.rollback()
-        for seq_id in undone:
-            seq = self._sequences[seq_id]
+        """The step failed as a whole: undo all its block changes."""
+        if changes.is_open:
+            self._requeue(changes.rollback())
+
+    def _requeue(self, undone: Iterable[str]) -> None:
+        """Sequences whose admission was undone hold no blocks: they go back to waiting, the
+        policy re-adopting what still holds blocks (as a policy switch does)."""
+        seqs = [self._sequences[seq_id] for seq_id in undone]
+        for seq in seqs:
             seq.num_computed_tokens = 0
             seq.block_table = NO_BLOCKS
-        if undone:
+        if seqs:
             self.policy.adopt(self.policy.handover())
 
-    def _postprocess(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
+    def _postprocess(
+        self, batch: ScheduledBatch, result: StepResult, requeued: set[str]
+    ) -> list[RequestOutput]:
         """Turn the step's tokens into outputs; a row in ``result.failed`` ends only its own
-        request."""
+        request, a requeued one's token is dropped (it is computed again)."""
         now = self.clock()
         sampled = iter(result.token_ids)
         outputs: list[RequestOutput] = []
@@ -261,6 +245,8 @@ class LLMEngine:
             if not entry.sample:
                 continue
             token = next(sampled)
+            if seq.seq_id in requeued:
+                continue
             if seq.seq_id in result.failed:
                 failed.append(seq)
                 continue
@@ -268,13 +254,13 @@ class LLMEngine:
             self._check_stop(seq, token, now)
             if seq.is_finished:
                 finished.append(seq)
-            outputs.append(self._output(seq, [token]))
+            outputs.append(RequestOutput.of(seq, [token]))
         kv = self.blocks.stats()  # after the step's writes, before finished requests leave
         batch.kv_held_slots, batch.kv_live_tokens = kv.held_slots, kv.live_tokens
         for seq in failed:
             self.policy.abort(seq.seq_id)  # frees its blocks
             seq.finish("error", now)
-            outputs.append(self._output(seq, [], error=result.failed[seq.seq_id]))
+            outputs.append(RequestOutput.of(seq, [], error=result.failed[seq.seq_id]))
         self.policy.on_step_done(batch, finished)
         for seq in finished + failed:
             self._sequences.pop(seq.seq_id, None)
@@ -295,24 +281,6 @@ class LLMEngine:
             or seq.num_tokens >= self.limits.max_model_len
         ):
             seq.finish("length", now)
-
-    def _output(
-        self, seq: Sequence, new_token_ids: list[int], error: str | None = None
-    ) -> RequestOutput:
-        detok = seq.detokenizer
-        delta = detok.take_delta(seq.is_finished) if detok else ""
-        return RequestOutput(
-            request_id=seq.seq_id,
-            prompt_token_ids=seq.prompt_token_ids,
-            token_ids=seq.output_token_ids,
-            new_token_ids=new_token_ids,
-            text=detok.text[: detok.emitted] if detok else "",
-            text_delta=delta,
-            finish_reason=seq.finish_reason,
-            metrics=RequestMetrics.of(seq),
-            stop_reason=seq.stop_reason,
-            error=error,
-        )
 
     def _record(self, batch: ScheduledBatch, started: float, generated: int) -> None:
         self.stats.record_step(
@@ -399,7 +367,7 @@ class LLMEngine:
             return False
         self.policy.abort(request_id)
         seq.finish("abort", self.clock())
-        self._pending_outputs.append(self._output(seq, []))
+        self._pending_outputs.append(RequestOutput.of(seq, []))
         self.stats.record_finish(RequestMetrics.of(seq), seq.num_output_tokens)
         return True
 
@@ -413,48 +381,30 @@ class LLMEngine:
         return self.commands.call(self._snapshot)
 
     def _snapshot(self) -> EngineSnapshot:
-        now = self.clock()
+        now, blocks, stats = self.clock(), self.blocks, self.stats
         queued = self._queued()
-        requests = [self._request_row(seq, now) for seq in [*self._sequences.values(), *queued]]
-        scheduler = self.policy.snapshot()
+        requests = tuple(
+            RequestSnapshot.of(s, len(blocks.table(s.seq_id)) if blocks.holds(s.seq_id) else 0, now)
+            for s in [*self._sequences.values(), *queued]
+        )
+        scheduler = self.policy.snapshot()  # a fresh model: the queued requests count as waiting
         scheduler = scheduler.model_copy(update={"waiting": scheduler.waiting + len(queued)})
-        stats = self.stats
         return EngineSnapshot(
             policy=self.policy_spec,
             policy_version=self.policy_version,
             scheduler=scheduler,
             queue=QueueDepths(waiting=scheduler.waiting, running=scheduler.running),
-            memory_reserve=self.blocks.memory_reserve,
+            memory_reserve=blocks.memory_reserve,
             uptime_s=now - self.started_at,
-            requests=tuple(requests),
-            kv=self.blocks.stats(),
-            block_map=self.blocks.block_map(),
+            requests=requests,
+            kv=blocks.stats(),
+            block_map=blocks.block_map(),
             throughput=Throughput.model_validate(stats.throughput(now)),
             latency=Latency.model_validate(stats.latency(now)),
-            totals=Totals(
-                steps=stats.num_steps,
-                prompt_tokens=stats.prompt_tokens,
-                generation_tokens=stats.generation_tokens,
-                padded_tokens=stats.padded_tokens,
-                preemptions=stats.preemptions,
-                requests_finished=stats.requests_finished,
-                engine_overhead=stats.engine_overhead,
-            ),
+            totals=Totals.of(stats),
             reclaims=tuple(
                 ReclaimRecord(time=t, **r._asdict()) for t, r in list(stats.reclaims)[-10:]
             ),
-        )
-
-    def _request_row(self, seq: Sequence, now: float) -> RequestSnapshot:
-        held = self.blocks.table(seq.seq_id) if self.blocks.holds(seq.seq_id) else NO_BLOCKS
-        return RequestSnapshot(
-            id=seq.seq_id,
-            state=seq.status.value,
-            prompt_tokens=seq.num_prompt_tokens,
-            generated_tokens=seq.num_output_tokens,
-            blocks=len(held),
-            age_s=now - seq.arrival_time,
-            preemptions=seq.num_preemptions,
         )
 
     @property

@@ -466,14 +466,19 @@ class StepChanges:
 
     Until the step settles, a copy-on-write source stays referenced and freshly published
     prefix blocks are provisional, so a rollback gives every sequence back the exact table
-    it began the step with (a newly admitted one gives its table up). What a rollback cannot
-    restore is a cached prefix block evicted to make room: the prefix cache is only a cache.
+    it began the step with (a newly admitted one gives its table up). A sequence admitted on
+    a provisional block of a sequence that is rolled back depends on K/V nobody vouches for:
+    it is rolled back with it. What a rollback cannot restore is a cached prefix block
+    evicted to make room: the prefix cache is only a cache.
     """
 
     def __init__(self, manager: BlockManager) -> None:
         self._m = manager
         self._touched: dict[str, _Touched] = {}
         self._published: dict[str, list[tuple[int, int]]] = {}
+        self._publisher: dict[int, str] = {}
+        self._dependents: dict[str, list[str]] = {}
+        self._rolled_back: set[str] = set()
         self._copies: list[tuple[int, int]] = []
 
     @property
@@ -492,8 +497,11 @@ class StepChanges:
         """Give a new sequence a table covering ``num_tokens`` slots; returns cached tokens.
         The caller checks ``can_admit`` first (admission respects the reserve)."""
         self._check_open()
+        hits = self._m.match_prefix(token_ids) if hits is None else hits
         cached = self._m._allocate(seq_id, token_ids, num_tokens, hits)
         self._touched[seq_id] = _Touched(None, 0)
+        for publisher in {self._publisher[b] for b in hits if b in self._publisher}:
+            self._dependents.setdefault(publisher, []).append(seq_id)
         return cached
 
     def grow(self, seq_id: str, start: int, end: int) -> bool:
@@ -512,6 +520,7 @@ class StepChanges:
         self._touch(seq_id)
         published = self._m._register(seq_id, token_ids, num_tokens)
         self._published.setdefault(seq_id, []).extend(published)
+        self._publisher.update((block, seq_id) for block, _ in published)
 
     def take_copies(self) -> list[tuple[int, int]]:
         """``(source, copy)`` block pairs the runner must copy before the forward."""
@@ -526,6 +535,10 @@ class StepChanges:
         published by a sequence that stored nothing are withdrawn."""
         self._check_open()
         m = self._m
+        if not self._rolled_back.isdisjoint(written):
+            raise ValueError(
+                f"rolled back, not written: {sorted(self._rolled_back & set(written))}"
+            )
         for seq_id, (start, end) in written.items():
             m._store(seq_id, start, end)
         for source in self._sources():
@@ -536,11 +549,15 @@ class StepChanges:
         m._step = None
 
     def rollback(self, seq_ids: Iterable[str] | None = None) -> list[str]:
-        """Undo the changes of ``seq_ids`` (all, closing the step, when None). Returns the
-        sequences whose admission was undone: they hold no blocks any more."""
+        """Undo the changes of ``seq_ids`` and of the sequences admitted on their provisional
+        prefix blocks (all changes, closing the step, when None). Returns the sequences whose
+        admission was undone: they hold no blocks any more, and store nothing at commit."""
         self._check_open()
         everything = seq_ids is None
         ids = list({**self._touched, **self._published}) if everything else list(seq_ids)
+        for seq_id in ids:  # grows while it runs: dependents of dependents
+            ids.extend(d for d in self._dependents.pop(seq_id, ()) if d not in ids)
+        self._rolled_back.update(ids)
         undone = []
         for seq_id in ids:
             self._m._unpublish(self._published.pop(seq_id, []))

@@ -72,3 +72,21 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @classmethod
+    def of(cls, seq: Sequence, new_token_ids: list[int], error: str | None = None) -> RequestOutput:
+        """The request's output now; takes the detokenizer's pending text delta."""
+        detok = seq.detokenizer
+        delta = detok.take_delta(seq.is_finished) if detok else ""  # advances ``emitted``
+        return cls(
+            request_id=seq.seq_id,
+            prompt_token_ids=seq.prompt_token_ids,
+            token_ids=seq.output_token_ids,
+            new_token_ids=new_token_ids,
+            text=detok.text[: detok.emitted] if detok else "",
+            text_delta=delta,
+            finish_reason=seq.finish_reason,
+            metrics=RequestMetrics.of(seq),
+            stop_reason=seq.stop_reason,
+            error=error,
+        )

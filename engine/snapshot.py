@@ -10,6 +10,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 
 from engine.kv_stats import KVStats
+from engine.sequence import Sequence
+from engine.stats import EngineStats
 from policies.base import PolicySnapshot, PolicySpec
 
 FROZEN = ConfigDict(frozen=True, from_attributes=True)
@@ -24,6 +26,18 @@ class RequestSnapshot(BaseModel):
     blocks: int = Field(description="KV blocks the request holds.")
     age_s: float = Field(description="Seconds since it arrived.")
     preemptions: int
+
+    @classmethod
+    def of(cls, seq: Sequence, blocks: int, now: float) -> RequestSnapshot:
+        return cls(
+            id=seq.seq_id,
+            state=seq.status.value,
+            prompt_tokens=seq.num_prompt_tokens,
+            generated_tokens=seq.num_output_tokens,
+            blocks=blocks,
+            age_s=now - seq.arrival_time,
+            preemptions=seq.num_preemptions,
+        )
 
 
 class QueueDepths(BaseModel):
@@ -62,6 +76,18 @@ class Totals(BaseModel):
     preemptions: int
     requests_finished: int
     engine_overhead: float = Field(description="Share of step time outside the forward.")
+
+    @classmethod
+    def of(cls, stats: EngineStats) -> Totals:
+        return cls(
+            steps=stats.num_steps,
+            prompt_tokens=stats.prompt_tokens,
+            generation_tokens=stats.generation_tokens,
+            padded_tokens=stats.padded_tokens,
+            preemptions=stats.preemptions,
+            requests_finished=stats.requests_finished,
+            engine_overhead=stats.engine_overhead,
+        )
 
 
 class ReclaimRecord(BaseModel):

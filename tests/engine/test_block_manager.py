@@ -12,9 +12,15 @@ their changes roll back and the engine frees their sequences).
 from __future__ import annotations
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from engine.kv_cache import BlockManager, BlockState
 
@@ -26,6 +32,10 @@ OPS = st.lists(
     min_size=1,
     max_size=5,
 )
+
+
+def _has_sequences(machine: BlockManagerMachine) -> bool:
+    return bool(machine.tokens)
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
@@ -94,40 +104,45 @@ class BlockManagerMachine(RuleBasedStateMachine):
             assert not any(bm.holds(s) for s in admitted)
             return
         failed = {s for i, s in enumerate(sorted(rows)) if outcome == "partial" and mask >> i & 1}
-        undone = changes.rollback(failed)
-        assert sorted(undone) == sorted(failed & set(admitted))
+        undone = set(changes.rollback(failed))
+        assert failed & set(admitted) <= undone <= set(admitted), "only admissions are undone"
         for seq in failed - set(admitted):
             assert list(bm.table(seq)) == before[seq], "a failed row kept its changes"
-        changes.commit({s: (start, end) for s, (start, end, _) in rows.items() if s not in failed})
+        dropped = failed | undone  # undone beyond the failed: admitted on their fresh prefix
+        assert not any(bm.holds(s) for s in undone)
+        if dropped & rows.keys():
+            with pytest.raises(ValueError, match="rolled back"):
+                changes.commit({s: rows[s][:2] for s in dropped & rows.keys()})
+        changes.commit({s: (start, end) for s, (start, end, _) in rows.items() if s not in dropped})
         assert not changes.is_open
         for seq in failed:  # the engine ends a failed row's request
             bm.free(seq)
             self.tokens.pop(seq, None)
         for seq, (_, _, tokens) in rows.items():
-            if seq not in failed:
+            if seq not in dropped:
                 self.tokens[seq] = tokens
                 self.probes.append(tokens)
 
+    @precondition(_has_sequences)
     @rule(pick=st.integers(0, 1 << 16))
     def fork(self, pick: int) -> None:
-        assume(self.tokens)
         parent = sorted(self.tokens)[pick % len(self.tokens)]
         child = self._new_id()
         self.bm.fork(parent, child)
         self.tokens[child] = list(self.tokens[parent])
 
+    @precondition(_has_sequences)
     @rule(pick=st.integers(0, 1 << 16))
     def free(self, pick: int) -> None:
-        assume(self.tokens)
         seq = sorted(self.tokens)[pick % len(self.tokens)]
         self.bm.free(seq)
         del self.tokens[seq]
 
+    @precondition(_has_sequences)
     @rule(pick=st.integers(0, 1 << 16), twice=st.booleans())
     def leak_then_reclaim(self, pick: int, twice: bool) -> None:
         """Forget a sequence without freeing it; reclaim must take its blocks back and leave
         every live sequence alone."""
-        assume(self.tokens)
         seq = sorted(self.tokens)[pick % len(self.tokens)]
         del self.tokens[seq]
         live_tables = {s: list(self.bm.table(s)) for s in self.tokens}
@@ -278,3 +293,18 @@ def test_the_table_view_is_read_only_and_live():
     changes.grow("a", 3, 9)
     changes.commit({"a": (3, 9)})
     assert len(view) == 3 and view[:3] == list(bm.table("a")), "the view follows the table"
+
+
+def test_rolling_back_a_row_rolls_back_the_admissions_on_its_fresh_prefix():
+    bm = BlockManager(8, BLOCK, memory_reserve=0.0)
+    changes = bm.begin_step()
+    changes.allocate("a", [0] * 4, 4)
+    changes.register("a", [0] * 4, 4)
+    hits = bm.match_prefix([0] * 5)
+    assert hits == list(bm.table("a")), "a later admission shares the fresh block at once"
+    assert changes.allocate("b", [0] * 5, 5, hits) == 4
+    changes.allocate("c", [1] * 5, 5)
+    assert sorted(changes.rollback(["a"])) == ["a", "b"], "b read K/V only a vouched for"
+    changes.commit({"c": (0, 5)})
+    assert bm.holders() == ["c"] and bm.match_prefix([0] * 5) == []
+    bm.check_integrity()

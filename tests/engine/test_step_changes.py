@@ -95,3 +95,34 @@ def test_a_failed_row_withdraws_its_prefix_and_the_others_commit(llm, reference,
     assert len(engine.blocks.match_prefix(PROMPTS[3])) == 3, "good rows' prefixes are kept"
     assert llm.kv_stats().used == 0
     engine.blocks.check_integrity()
+
+
+@pytest.mark.parametrize("policy", ["continuous", "hybrid"])
+def test_a_request_sharing_a_failed_rows_fresh_prefix_is_requeued_and_recomputed(
+    llm, tiny_model_dir, policy
+):
+    """Continuous batching admits the second request on the first one's prefix in the same
+    step; when the first one's row fails, that prefix is not trusted."""
+    fresh = [600 + 50 * POLICIES.index(policy) + n for n in range(40)]  # new to llm's cache
+    other = LLM(tiny_model_dir, max_model_len=256, num_kv_blocks=64)
+    alone = other.generate([[*fresh, 4, 5]], GREEDY)[0].token_ids
+    llm.set_policy(policy, **({"single_request_below": 1} if policy == "hybrid" else {}))
+    engine = llm.engine
+    assert engine.blocks.match_prefix([*fresh, 4, 5]) == []
+    bad = engine.add_request([*fresh, 1, 2, 3], GREEDY, "bad-sharer")
+    good = engine.add_request([*fresh, 4, 5], GREEDY, "good-sharer")
+    runner = FaultyRunner(engine.runner, fail_row=bad)
+    engine.runner, inner = runner, engine.runner
+    final: dict = {}
+    try:
+        first = engine.step()
+        assert {o.request_id for o in first} == {bad}, "the sharer's first token is dropped"
+        assert engine.snapshot().requests[0].state == "waiting"
+        while engine.has_unfinished_requests():
+            final.update({o.request_id: o for o in engine.step() if o.finished})
+    finally:
+        engine.runner = inner
+    assert final[good].token_ids == alone
+    assert engine.stats.prompt_tokens >= 2 * len(fresh), "the sharer's prompt ran again"
+    assert llm.kv_stats().used == 0
+    engine.blocks.check_integrity()
