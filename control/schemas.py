@@ -15,6 +15,7 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
+    WithJsonSchema,
     field_validator,
 )
 
@@ -22,6 +23,7 @@ from control.core.config import MEMORY_RESERVE_BOUNDS, RECLAIM_INTERVAL_BOUNDS
 from engine.kv_stats import KVStats
 from engine.snapshot import Latency, QueueDepths, RequestSnapshot, Throughput, Totals
 from policies.base import PolicySnapshot, PolicySpec
+from policies.registry import params_schemas
 
 Source = Literal["default", "stored", "override"]
 
@@ -266,10 +268,29 @@ class PolicyView(BaseModel):
     status: VersionStatus
 
 
+def policy_spec_schema() -> dict[str, Any]:
+    """``PolicySpec`` as a PUT validates it: one branch per policy whose ``params`` is that
+    policy's params schema (unknown keys refused). The engine caps of the capped params are
+    written in by the server (``admin_policy.document_policy_caps``)."""
+    branches = [
+        {
+            "type": "object",
+            "title": f"PolicySpec ({name})",
+            "properties": {"name": {"const": name}, "params": params},
+            "required": ["name"],
+            "additionalProperties": False,
+        }
+        for name, params in params_schemas().items()
+    ]
+    return {"anyOf": [{"oneOf": branches}, {"type": "null"}], "default": None}
+
+
 class PolicyUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    policy: PolicySpec | None = Field(None, description="A full spec: its params replace all.")
+    policy: Annotated[PolicySpec | None, WithJsonSchema(policy_spec_schema())] = Field(
+        None, description="A full spec: its params replace all."
+    )
     # Strict: a number (an integer is one), never a boolean or a numeric string.
     memory_reserve: StrictFloat | None = memory_reserve_field(None)
     reclaim_interval_s: StrictFloat | None = reclaim_interval_field(None)

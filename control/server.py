@@ -28,9 +28,11 @@ from control import migrate
 from control.api import errors, limits, openapi
 from control.api.main import api_router
 from control.api.middleware import RequestGuard, install_log_filter
+from control.api.routes import admin_policy
 from control.core.config import Settings
 from control.core.db import make_engine
 from control.runtime import AppContext
+from engine.config import EngineLimits
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,7 @@ def create_app(
     openapi.document_limits(
         app, settings.max_stop_strings, settings.max_stop_length, lambda: _vocab_size(app)
     )
+    admin_policy.document_policy_caps(app, lambda: _engine_limits(app))
     app.add_middleware(
         RequestGuard,
         max_body_bytes=settings.max_body_bytes,
@@ -96,6 +99,12 @@ def _vocab_size(app: FastAPI) -> int | None:
     ctx = getattr(app.state, "ctx", None)
     runtime = None if ctx is None else ctx.runtime
     return None if runtime is None else runtime.llm_engine.vocab_size
+
+
+def _engine_limits(app: FastAPI) -> EngineLimits | None:
+    ctx = getattr(app.state, "ctx", None)
+    runtime = None if ctx is None else ctx.runtime
+    return None if runtime is None else runtime.llm_engine.limits
 
 
 def token_file(db_path: Path) -> Path:

@@ -15,6 +15,7 @@ on; a dry run validates and diffs without storing.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Any, Protocol
@@ -38,7 +39,7 @@ from control.schemas import (
 )
 from engine.config import EngineLimits
 from policies.base import PolicySpec
-from policies.registry import POLICIES, validate_params
+from policies.registry import POLICIES, params_schemas, validate_params
 
 DEFAULT_SETTINGS = PolicySettings(
     policy=PolicySpec(name="continuous"), memory_reserve=0.10, reclaim_interval_s=5.0
@@ -169,14 +170,17 @@ class PolicyStore:
             errors.extend(_errors(exc))
         spec = update.policy if update is not None else _spec_or_none(raw)
         if spec is not None:
-            errors.extend(self._params_errors(spec))
+            typed = _param_type_errors(spec)
+            mistyped = {e["loc"] for e in typed}
+            errors.extend(typed)
+            errors.extend(e for e in self._params_errors(spec) if e["loc"] not in mistyped)
         if errors or update is None:
             self._metrics.count_policy_update("invalid")
             raise SettingsInvalid(errors)
         return update
 
     def _normalized(self, spec: PolicySpec) -> PolicySpec:
-        """The spec with its given params as validated (``"16"`` stored as ``16``)."""
+        """The spec with its given params as validated (``16.0`` stored as ``16``)."""
         try:
             params = validate_params(spec, self.limits)
         except ValidationError as exc:
@@ -460,6 +464,48 @@ def _spec_or_none(raw: Any) -> PolicySpec | None:
         return PolicySpec.model_validate(raw["policy"])
     except ValidationError:
         return None
+
+
+@functools.cache
+def _param_types(policy: str) -> dict[str, set[str]]:
+    """Each param's JSON types, as the published params schema gives them."""
+    fields = params_schemas()[policy]["properties"]
+    return {
+        name: {typed.get("type", "") for typed in field.get("anyOf", [field])}
+        for name, field in fields.items()
+    }
+
+
+def _param_type_errors(spec: PolicySpec) -> list[dict[str, Any]]:
+    """Params as JSON Schema types them, stricter than pydantic's lax mode: ``"16"`` or
+    ``true`` is no integer and ``1`` no boolean, while ``16.0`` is an integer. Unknown
+    params are left to the params model (it names them)."""
+    errors = []
+    types = _param_types(spec.name)
+    for name, value in spec.params.items():
+        allowed = types.get(name)
+        if allowed is not None and not _has_json_type(value, allowed):
+            errors.append(
+                {
+                    "type": "json_type",
+                    "loc": ("policy", "params", name),
+                    "msg": f"Input should be of JSON type {' or '.join(sorted(allowed))}",
+                    "input": value if _is_json(value) else repr(value),
+                }
+            )
+    return errors
+
+
+def _has_json_type(value: Any, allowed: set[str]) -> bool:
+    if value is None:
+        return "null" in allowed
+    if isinstance(value, bool):
+        return "boolean" in allowed
+    if isinstance(value, int):
+        return bool(allowed & {"integer", "number"})
+    if isinstance(value, float):
+        return "number" in allowed or ("integer" in allowed and value.is_integer())
+    return isinstance(value, str) and "string" in allowed
 
 
 def _errors(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> list[dict[str, Any]]:

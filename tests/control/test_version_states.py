@@ -250,3 +250,40 @@ def test_other_methods_on_the_policy_are_405_naming_both(client: httpx.Client, m
     response = client.request(method, "/admin/policy")
     assert response.status_code == 405
     assert response.headers["allow"] == "GET, PUT"
+
+
+def test_policy_params_schema_is_per_policy_with_the_engine_caps(client: httpx.Client) -> None:
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    branches = schemas["PolicyUpdate"]["properties"]["policy"]["anyOf"][0]["oneOf"]
+    params = {b["properties"]["name"]["const"]: b["properties"]["params"] for b in branches}
+    assert set(params) == {"static", "dynamic", "continuous", "hybrid"}
+    assert all(p["additionalProperties"] is False for p in params.values())
+    assert params["static"]["properties"]["max_batch_size"]["maximum"] == 256  # max_num_seqs
+    tokens = params["continuous"]["properties"]["max_num_batched_tokens"]["anyOf"][0]
+    assert tokens["maximum"] == 2048  # the server's max_num_batched_tokens
+    over = {"policy": {"name": "static", "params": {"max_batch_size": 257}}, "reason": "x"}
+    assert client.put("/admin/policy", json=over, headers=ADMIN).status_code == 422
+
+
+@pytest.mark.parametrize(
+    ("params", "words"),
+    [
+        ({"max_batch_size": "16"}, "JSON type integer"),
+        ({"max_batch_size": True}, "JSON type integer"),
+        ({"max_wait_s": "30"}, "JSON type null or number"),
+    ],
+)
+def test_policy_params_take_json_types_only(client: httpx.Client, params: dict, words: str) -> None:
+    body = {"policy": {"name": "static", "params": params}, "reason": "types"}
+    response = client.put("/admin/policy", json=body, params={"dry_run": "true"}, headers=ADMIN)
+    assert response.status_code == 422
+    [error] = response.json()["detail"]
+    assert error["loc"] == ["body", "policy", "params", next(iter(params))]
+    assert words in error["msg"]
+
+
+def test_integral_float_is_an_integer_param(client: httpx.Client) -> None:
+    body = {"policy": {"name": "static", "params": {"max_batch_size": 16.0}}, "reason": "types"}
+    response = client.put("/admin/policy", json=body, params={"dry_run": "true"}, headers=ADMIN)
+    assert response.status_code == 200, response.text
+    assert response.json()["settings"]["policy"]["params"] == {"max_batch_size": 16}

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, FastAPI, Path, Query, Request, Response
 
 from control.api.deps import (
     ActorDep,
@@ -29,7 +30,8 @@ from control.schemas import (
     RollbackRequest,
 )
 from control.store import SettingsInvalid
-from policies.registry import params_schemas
+from engine.config import EngineLimits
+from policies.registry import POLICIES, params_schemas
 
 admin = APIRouter(
     prefix="/admin/policy", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS
@@ -121,6 +123,33 @@ def rollback(
         raise validation_error(exc, "path") from None
     response.headers["ETag"] = f'"{result.version}"'
     return result
+
+
+def document_policy_caps(app: FastAPI, limits: Callable[[], EngineLimits | None]) -> None:
+    """Make ``app.openapi()`` show the engine caps of the capped policy params (a value above
+    one is 422) as their ``maximum`` in ``PolicyUpdate``, once the engine is loaded; until
+    then the schema is not cached."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        known = limits()
+        if known is None:
+            app.openapi_schema = None
+            return schema
+        policy = schema["components"]["schemas"]["PolicyUpdate"]["properties"]["policy"]
+        for branch in policy["anyOf"][0]["oneOf"]:
+            params = branch["properties"]["params"]["properties"]
+            name = branch["properties"]["name"]["const"]
+            for field, limit in POLICIES[name].params_model.caps.items():
+                for typed in params[field].get("anyOf", [params[field]]):
+                    if typed.get("type") == "integer":
+                        typed["maximum"] = min(typed["maximum"], getattr(known, limit))
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def method_not_allowed() -> Response:
