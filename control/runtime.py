@@ -90,7 +90,7 @@ class Runtime:
             pending = self._pending
             if pending is None or pending.version != version:
                 self._pending = None
-                pending = self._pending = _Pending(version, self._submit(settings))
+                pending = self._pending = _Pending(version, self._submit(settings, version))
             deadline = time.monotonic() + timeout
             try:
                 for future in pending.futures:
@@ -107,10 +107,10 @@ class Runtime:
         self.metrics.set_policy(settings.policy.name, version)
         log.info("policy version %d in force: %s", version, settings.model_dump_json())
 
-    def _submit(self, settings: PolicySettings) -> list[Future]:
+    def _submit(self, settings: PolicySettings, version: int) -> list[Future]:
         futures: list[Future] = []
         if settings.policy != self.in_force.policy:
-            futures.append(self.llm_engine.set_policy(settings.policy))
+            futures.append(self.llm_engine.set_policy(settings.policy, version=version))
         if settings.memory_reserve != self.in_force.memory_reserve:
             futures.append(self.llm_engine.set_memory_reserve(settings.memory_reserve))
         return futures
@@ -233,7 +233,7 @@ def load_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Run
         log.error("stored %s params do not fit this engine, using defaults: %s", spec.name, exc)
         refused = f"the params do not fit this engine (its defaults run instead): {exc}"
         spec = PolicySpec(name=spec.name)
-    llm_engine.set_policy(spec).result()  # this thread owns the engine until the loop starts
+    llm_engine.set_policy(spec, version=row.version).result()  # this thread owns the engine
     in_force.policy = spec
     engine = AsyncEngine(llm_engine, on_finished=metrics.observe_finished)
     maintenance = Maintenance(

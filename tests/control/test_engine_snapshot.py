@@ -1,0 +1,44 @@
+"""``/admin/state`` and ``/metrics`` are the engine's typed snapshot, read by attribute: the
+engine reports the policy version it was given, and both views give the same KV figures."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from tests.control.support import set_settings, state, wait_for
+
+
+def _metric(text: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    assert match, name
+    return float(match.group(1))
+
+
+def test_state_reports_the_policy_version_the_engine_runs(client: httpx.Client) -> None:
+    before = state(client)
+    assert before["policy_version"] is not None
+    assert before["policy_version"] <= before["version"]
+    target = "hybrid" if before["policy"]["name"] != "hybrid" else "continuous"
+    result = set_settings(client, policy={"name": target, "params": {}})
+    after = state(client)
+    assert after["policy_version"] == result["version"] == after["version"]
+    assert after["scheduler"]["policy"] == target
+    kv = after["kv"]
+    assert kv["free"] + kv["used"] + kv["cached"] == kv["total"] == len(after["block_map"])
+    assert set(after["queue"]) == {"waiting", "running"}
+
+
+def test_metrics_and_state_read_the_same_snapshot(client: httpx.Client) -> None:
+    def idle_state() -> dict | None:
+        snap = state(client)
+        return None if snap["requests"] else snap
+
+    idle = wait_for(idle_state, timeout=30)
+    text = client.get("/metrics").text
+    for block_state in ("free", "used", "cached"):
+        name = f'servedeck_kv_blocks{{state="{block_state}"}}'
+        assert _metric(text, name) == idle["kv"][block_state]
+    assert _metric(text, "servedeck_kv_reserve_ratio") == idle["memory_reserve"]
+    assert _metric(text, "servedeck_requests_running") == idle["scheduler"]["running"] == 0
