@@ -22,8 +22,9 @@ from sqlmodel import Session
 from control.core.config import Settings
 from control.maintenance import Maintenance
 from control.metrics import ControlMetrics
+from control.policy_rows import seed, with_overrides
 from control.schemas import NotReady, PolicySettings
-from control.store import PolicyStore, seed, with_overrides
+from control.store import PolicyStore
 from control.watchdog import JOB_ID as WATCHDOG_JOB_ID
 from control.watchdog import StallWatchdog, check_interval
 from engine.async_engine import AsyncEngine

@@ -15,7 +15,6 @@ on; a dry run validates and diffs without storing.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from typing import Any, Protocol
@@ -25,13 +24,26 @@ from sqlmodel import Session, col, func, select, update
 
 from control.metrics import ControlMetrics
 from control.models import PolicyVersion, as_utc, utcnow
+from control.policy_checks import (
+    SettingsInvalid,
+    param_type_errors,
+    pydantic_errors,
+    spec_or_none,
+)
+from control.policy_rows import (
+    diff,
+    new_row,
+    newest_row,
+    public,
+    settings_of,
+    status_of,
+    with_overrides,
+)
 from control.schemas import (
-    FieldChange,
     PolicyHistory,
     PolicySettings,
     PolicyUpdate,
     PolicyUpdateResult,
-    PolicyVersionPublic,
     PolicyView,
     Source,
     VersionState,
@@ -39,13 +51,11 @@ from control.schemas import (
 )
 from engine.config import EngineLimits
 from policies.base import PolicySpec
-from policies.registry import POLICIES, params_schemas, validate_params
+from policies.registry import POLICIES, validate_params
 
-DEFAULT_SETTINGS = PolicySettings(
-    policy=PolicySpec(name="continuous"), memory_reserve=0.10, reclaim_interval_s=5.0
-)
+__all__ = ["Apply", "PolicyStore", "SettingsInvalid", "VersionConflict", "VersionNotFound"]
+
 TOP_LEVEL = ("policy.name", "memory_reserve", "reclaim_interval_s")
-SEED_ACTOR = "servedeck"
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +67,6 @@ class Apply(Protocol):
         """Put settings into force (engine, scheduler, metrics). Raises ``TimeoutError`` when
         the engine has not taken them within ``timeout`` (the version stays pending and is
         retried), any other exception when it refused them (the version failed)."""
-
-
-class SettingsInvalid(ValueError):
-    """Pydantic-style errors (``loc`` relative to the request body) naming every bad field."""
-
-    def __init__(self, errors: list[dict[str, Any]]) -> None:
-        super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
-        self.errors = errors
 
 
 class VersionConflict(RuntimeError):
@@ -97,7 +99,7 @@ class PolicyStore:
     # -- reading ---------------------------------------------------------------------------
 
     def newest(self, session: Session) -> PolicyVersion:
-        row = _newest(session)
+        row = newest_row(session)
         if row is None:
             raise VersionNotFound("no policy version is stored yet")
         return row
@@ -167,10 +169,10 @@ class PolicyStore:
         try:
             update = PolicyUpdate.model_validate(raw)
         except ValidationError as exc:
-            errors.extend(_errors(exc))
-        spec = update.policy if update is not None else _spec_or_none(raw)
+            errors.extend(pydantic_errors(exc))
+        spec = update.policy if update is not None else spec_or_none(raw)
         if spec is not None:
-            typed = _param_type_errors(spec)
+            typed = param_type_errors(spec)
             mistyped = {e["loc"] for e in typed}
             errors.extend(typed)
             errors.extend(e for e in self._params_errors(spec) if e["loc"] not in mistyped)
@@ -185,14 +187,14 @@ class PolicyStore:
             params = validate_params(spec, self.limits)
         except ValidationError as exc:
             self._metrics.count_policy_update("invalid")
-            raise SettingsInvalid(_errors(exc, ("policy", "params"))) from None
+            raise SettingsInvalid(pydantic_errors(exc, ("policy", "params"))) from None
         return PolicySpec(name=spec.name, params=params.model_dump(exclude_unset=True))
 
     def _params_errors(self, spec: PolicySpec, prefix: tuple[Any, ...] = ()) -> list[dict]:
         try:
             validate_params(spec, self.limits)
         except ValidationError as exc:
-            return _errors(exc, (*prefix, "policy", "params"))
+            return pydantic_errors(exc, (*prefix, "policy", "params"))
         return []
 
     # -- writing ---------------------------------------------------------------------------
@@ -276,7 +278,7 @@ class PolicyStore:
         reason: str,
         rollback_of: int | None,
     ) -> PolicyUpdateResult:
-        new = _row(row.version + 1, after, sorted(explicit), actor, reason, before, rollback_of)
+        new = new_row(row.version + 1, after, sorted(explicit), actor, reason, before, rollback_of)
         session.add(new)
         session.commit()  # stored (pending) before the engine is asked: the change is kept
         self._overrides.clear()
@@ -314,7 +316,7 @@ class PolicyStore:
         """Retry the newest version while it is pending (a maintenance job calls this, each
         attempt bounded by ``timeout``); its status, or None when there was nothing to do."""
         with self._lock:
-            row = _newest(session)
+            row = newest_row(session)
             if row is None or row.state != "pending":
                 return None
             status = self._put_in_force(session, row, self.effective(row), timeout)
@@ -348,181 +350,5 @@ class PolicyStore:
         return VersionStatus(state=state, state_reason=reason, state_at=now)
 
 
-# -- helpers -----------------------------------------------------------------------------------
-
-
-def seed(session: Session) -> PolicyVersion:
-    """Version 1 from the defaults at first start; otherwise the newest version."""
-    row = _newest(session)
-    if row is None:
-        row = _row(1, DEFAULT_SETTINGS, [], SEED_ACTOR, "seeded from the defaults", None)
-        session.add(row)
-        session.commit()
-        session.refresh(row)
-    return row
-
-
-def with_overrides(row: PolicyVersion, overrides: dict[str, Any]) -> PolicySettings:
-    """A stored version's settings with start-up overrides on top. An overridden policy name
-    that differs from the stored one comes with its default params."""
-    settings = settings_of(row)
-    name = overrides.get("policy.name")
-    if name is not None and name != settings.policy.name:
-        settings.policy = PolicySpec(name=name)
-    for field in ("memory_reserve", "reclaim_interval_s"):
-        if field in overrides:
-            setattr(settings, field, overrides[field])
-    return settings
-
-
-def settings_of(row: PolicyVersion) -> PolicySettings:
-    return PolicySettings(
-        policy=PolicySpec(name=row.policy_name, params=dict(row.policy_params)),  # type: ignore[arg-type]
-        memory_reserve=row.memory_reserve,
-        reclaim_interval_s=row.reclaim_interval_s,
-    )
-
-
-def status_of(row: PolicyVersion) -> VersionStatus:
-    at = as_utc(row.state_at) if row.state_at is not None else None
-    return VersionStatus(state=row.state, state_reason=row.state_reason, state_at=at)  # type: ignore[arg-type]
-
-
-def public(row: PolicyVersion) -> PolicyVersionPublic:
-    settings = settings_of(row)
-    return PolicyVersionPublic(
-        version=row.version,
-        settings=settings,
-        actor=row.actor,
-        reason=row.reason,
-        before=PolicySettings.model_validate(row.before) if row.before else None,
-        after=settings,
-        created_at=as_utc(row.created_at),
-        rollback_of=row.rollback_of,
-        status=status_of(row),
-    )
-
-
-def flatten(settings: PolicySettings) -> dict[str, Any]:
-    flat: dict[str, Any] = {"policy.name": settings.policy.name}
-    for key in sorted(settings.policy.params):
-        flat[f"policy.params.{key}"] = settings.policy.params[key]
-    flat["memory_reserve"] = settings.memory_reserve
-    flat["reclaim_interval_s"] = settings.reclaim_interval_s
-    return flat
-
-
-def diff(before: PolicySettings, after: PolicySettings) -> list[FieldChange]:
-    old, new = flatten(before), flatten(after)
-    params = sorted({f for f in (*old, *new) if f.startswith("policy.params.")})
-    fields = ["policy.name", *params, "memory_reserve", "reclaim_interval_s"]
-    return [
-        FieldChange(field=f, before=old.get(f), after=new.get(f))
-        for f in fields
-        if old.get(f) != new.get(f)
-    ]
-
-
-def _newest(session: Session) -> PolicyVersion | None:
-    return session.exec(
-        select(PolicyVersion).order_by(col(PolicyVersion.version).desc()).limit(1)
-    ).first()
-
-
-def _row(
-    version: int,
-    settings: PolicySettings,
-    explicit: list[str],
-    actor: str,
-    reason: str,
-    before: PolicySettings | None,
-    rollback_of: int | None = None,
-) -> PolicyVersion:
-    return PolicyVersion(
-        version=version,
-        policy_name=settings.policy.name,
-        policy_params=dict(settings.policy.params),
-        memory_reserve=settings.memory_reserve,
-        reclaim_interval_s=settings.reclaim_interval_s,
-        explicit=explicit,
-        actor=actor,
-        reason=reason,
-        before=before.model_dump(mode="json") if before is not None else None,
-        created_at=utcnow(),
-        rollback_of=rollback_of,
-    )
-
-
 def _given(value: float | None, current: float) -> float:
     return current if value is None else value
-
-
-def _spec_or_none(raw: Any) -> PolicySpec | None:
-    if not isinstance(raw, dict) or raw.get("policy") is None:
-        return None
-    try:
-        return PolicySpec.model_validate(raw["policy"])
-    except ValidationError:
-        return None
-
-
-@functools.cache
-def _param_types(policy: str) -> dict[str, set[str]]:
-    """Each param's JSON types, as the published params schema gives them."""
-    fields = params_schemas()[policy]["properties"]
-    return {
-        name: {typed.get("type", "") for typed in field.get("anyOf", [field])}
-        for name, field in fields.items()
-    }
-
-
-def _param_type_errors(spec: PolicySpec) -> list[dict[str, Any]]:
-    """Params as JSON Schema types them, stricter than pydantic's lax mode: ``"16"`` or
-    ``true`` is no integer and ``1`` no boolean, while ``16.0`` is an integer. Unknown
-    params are left to the params model (it names them)."""
-    errors = []
-    types = _param_types(spec.name)
-    for name, value in spec.params.items():
-        allowed = types.get(name)
-        if allowed is not None and not _has_json_type(value, allowed):
-            errors.append(
-                {
-                    "type": "json_type",
-                    "loc": ("policy", "params", name),
-                    "msg": f"Input should be of JSON type {' or '.join(sorted(allowed))}",
-                    "input": value if _is_json(value) else repr(value),
-                }
-            )
-    return errors
-
-
-def _has_json_type(value: Any, allowed: set[str]) -> bool:
-    if value is None:
-        return "null" in allowed
-    if isinstance(value, bool):
-        return "boolean" in allowed
-    if isinstance(value, int):
-        return bool(allowed & {"integer", "number"})
-    if isinstance(value, float):
-        return "number" in allowed or ("integer" in allowed and value.is_integer())
-    return isinstance(value, str) and "string" in allowed
-
-
-def _errors(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    """Pydantic's error dicts, JSON-safe, ``loc`` prefixed."""
-    errors = []
-    for error in exc.errors(include_url=False):
-        entry: dict[str, Any] = {
-            "type": error["type"],
-            "loc": (*prefix, *error["loc"]),
-            "msg": error["msg"],
-            "input": error.get("input"),
-        }
-        if "ctx" in error:
-            entry["ctx"] = {k: v if _is_json(v) else str(v) for k, v in error["ctx"].items()}
-        errors.append(entry)
-    return errors
-
-
-def _is_json(value: Any) -> bool:
-    return value is None or isinstance(value, str | int | float | bool)
