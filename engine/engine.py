@@ -15,6 +15,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -403,7 +404,7 @@ class LLMEngine:
             latency=Latency.model_validate(stats.latency(now)),
             totals=Totals.of(stats),
             reclaims=tuple(
-                ReclaimRecord(time=t, **r._asdict()) for t, r in list(stats.reclaims)[-10:]
+                ReclaimRecord(**asdict(r), time=t) for t, r in list(stats.reclaims)[-10:]
             ),
         )
 

@@ -5,9 +5,9 @@ these types rather than restating them."""
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic.dataclasses import dataclass
 
 
 class BlockState(enum.Enum):
@@ -41,7 +41,10 @@ class KVStats(BaseModel):
         return self.used / self.total if self.total else 0.0
 
 
-class ReclaimResult(NamedTuple):
+@dataclass(frozen=True)
+class ReclaimResult:
+    """What one reclaim sweep did: blocks freed, cached blocks evicted by the reserve guard."""
+
     freed: int
     evicted: int
     free_before: int

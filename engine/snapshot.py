@@ -8,8 +8,9 @@ policy version the engine runs, and the recent statistics.
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
+from pydantic.dataclasses import dataclass
 
-from engine.kv_stats import KVStats
+from engine.kv_stats import KVStats, ReclaimResult
 from engine.sequence import Sequence
 from engine.stats import EngineStats
 from policies.base import PolicySnapshot, PolicySpec
@@ -90,17 +91,11 @@ class Totals(BaseModel):
         )
 
 
-class ReclaimRecord(BaseModel):
-    """One reclaim sweep the engine ran (the engine's clock)."""
+@dataclass(frozen=True)
+class ReclaimRecord(ReclaimResult):
+    """One reclaim sweep the engine ran, and when (the engine's clock)."""
 
-    model_config = FROZEN
     time: float
-    freed: int
-    evicted: int
-    free_before: int
-    free_after: int
-    reserve_breached: bool
-    duration_s: float
 
 
 class EngineSnapshot(BaseModel):

@@ -169,6 +169,7 @@ def test_memory_reserve_and_reclaim_commands(llm):
     assert llm.kv_stats().reserved == round(0.15 * llm.kv_stats().total + 0.5)
     result = llm.reclaim()
     assert result.freed == 0
+    assert llm.engine.snapshot().reclaims[-1].evicted == result.evicted
     llm.set_memory_reserve(0.10)
 
 
