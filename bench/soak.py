@@ -32,6 +32,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from engine.stats import percentile
+
 POLICY_CYCLE = ("static", "dynamic", "continuous", "hybrid")
 TOKEN = "soak-admin-token-0123456789"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -316,13 +318,6 @@ def reference_texts(model_dir: Path, prompts: list[Prompt], wanted: set[int], co
     return {i: out.text for i, out in zip(order, outputs, strict=True)}
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def judge(report: SoakReport, outcomes: list[Outcome], references: dict[int, str]) -> None:
     config = report.config
     report.requests = len(outcomes)
@@ -343,8 +338,8 @@ def judge(report: SoakReport, outcomes: list[Outcome], references: dict[int, str
         if o.text != references[o.prompt]:
             report.mismatches += 1
     ttfts = [o.ttft_s for o in done if o.ttft_s is not None]
-    report.ttft_p50_s = percentile(ttfts, 0.50)
-    report.ttft_p99_s = percentile(ttfts, 0.99)
+    report.ttft_p50_s = percentile(ttfts, 50)
+    report.ttft_p99_s = percentile(ttfts, 99)
     report.ttft_max_s = max(ttfts, default=None)
     report.e2e_max_s = max((o.e2e_s for o in done), default=None)
     bound = config.max_wait_s + config.wait_slack_s

@@ -15,7 +15,8 @@ import httpx
 from control.core.config import Settings
 from control.server import AdminTokenError, resolve_admin_token
 
-NOT_FORWARDED = {"command", "func", "no_console", "admin_token"}
+NOT_FORWARDED = {"command", "func", "no_console", "admin_token", "api_key"}
+"""Secrets travel to the child in its environment, never on its command line (ps)."""
 STARTUP_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 15.0
 
@@ -82,6 +83,8 @@ def up(settings: Settings, args: argparse.Namespace, console: bool = True) -> in
         print(f"servedeck up: {exc}", file=sys.stderr)
         return 2
     env = {**os.environ, "SERVEDECK_ADMIN_TOKEN": token}  # not on the command line (ps)
+    if settings.api_key is not None:
+        env["SERVEDECK_API_KEY"] = settings.api_key.get_secret_value()
     with_console = console and _console_available()
     # The console owns the terminal: the server then logs to a file beside the database.
     log_path = settings.db_path().with_suffix(".server.log")

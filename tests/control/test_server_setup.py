@@ -103,3 +103,16 @@ def test_up_serves_until_interrupted(tiny_model_dir: Path, tmp_path: Path) -> No
     assert f"servedeck is serving at {url}\n" in lines
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{url}/health", timeout=2)
+
+
+def test_up_passes_secrets_to_the_server_in_its_environment_not_its_command_line() -> None:
+    from control.cli import build_parser
+    from control.up import serve_argv
+
+    args = build_parser().parse_args(
+        ["up", "--admin-token", "admin-token-0123456789", "--api-key", "api-key-0123456789"]
+    )
+    argv = serve_argv(args)
+    assert "admin-token-0123456789" not in argv
+    assert "api-key-0123456789" not in argv
+    assert "--api-key" not in argv and "--admin-token" not in argv
