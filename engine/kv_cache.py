@@ -19,7 +19,6 @@ import math
 import time
 from collections import OrderedDict, abc, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
@@ -391,15 +390,16 @@ class BlockManager:
             self._fill[table[j]] = min(size, end - j * size)
         self._live_tokens += end - start
 
-    def _restore(self, seq_id: str, before: _Touched) -> None:
+    def _restore(self, seq_id: str, before: _Before, swaps: list[tuple[int, int, int]]) -> None:
         """Put back the table (and chain) a sequence had when the step first changed it."""
         table = self._tables[seq_id]
-        for j, old, new in reversed(before.swaps):
+        for j, old, new in reversed(swaps):
             table[j] = old
             self._release(new)
-        while len(table) > len(before.table or ()):
+        table_len, chain_len = before
+        while len(table) > (table_len or 0):
             self._release(table.pop())
-        del self._chains[seq_id][before.chain_len :]
+        del self._chains[seq_id][chain_len:]
 
     def _share(self, block: int) -> None:
         if self._ref_count[block] == 0:
@@ -445,14 +445,10 @@ class BlockManager:
         self._free.append(block)
 
 
-@dataclass(slots=True)
-class _Touched:
-    """A sequence as the step found it: its table (None: admitted in this step) and chain
-    length, then the copy-on-write swaps ``(index, source, copy)`` the step made."""
-
-    table: tuple[int, ...] | None
-    chain_len: int
-    swaps: list[tuple[int, int, int]] = field(default_factory=list)
+_Before = tuple[int | None, int]
+"""A sequence as the step found it: its table's length (None: admitted in this step) and its
+chain's. Within a step a table only grows at its end and swaps entries (copy-on-write, kept
+apart as ``(index, source, copy)``), so that is all a rollback needs."""
 
 
 class StepChanges:
@@ -474,7 +470,8 @@ class StepChanges:
 
     def __init__(self, manager: BlockManager) -> None:
         self._m = manager
-        self._touched: dict[str, _Touched] = {}
+        self._before: dict[str, _Before] = {}
+        self._swaps: dict[str, list[tuple[int, int, int]]] = {}
         self._published: dict[str, list[tuple[int, int]]] = {}
         self._publisher: dict[int, str] = {}
         self._dependents: dict[str, list[str]] = {}
@@ -499,7 +496,7 @@ class StepChanges:
         self._check_open()
         hits = self._m.match_prefix(token_ids) if hits is None else hits
         cached = self._m._allocate(seq_id, token_ids, num_tokens, hits)
-        self._touched[seq_id] = _Touched(None, 0)
+        self._before[seq_id] = (None, 0)
         for publisher in {self._publisher[b] for b in hits if b in self._publisher}:
             self._dependents.setdefault(publisher, []).append(seq_id)
         return cached
@@ -507,10 +504,12 @@ class StepChanges:
     def grow(self, seq_id: str, start: int, end: int) -> bool:
         """Make slots ``[start, end)`` writable: add blocks, copy shared ones (copy-on-write).
         May take reserve blocks. Returns False, changing nothing, when the pool is too empty."""
-        swaps = self._touch(seq_id).swaps
-        done = len(swaps)
+        self._touch(seq_id)
+        swaps: list[tuple[int, int, int]] = []
         grown = self._m._grow(seq_id, start, end, swaps)
-        self._copies.extend((old, new) for _, old, new in swaps[done:])
+        if swaps:
+            self._swaps.setdefault(seq_id, []).extend(swaps)
+            self._copies.extend((old, new) for _, old, new in swaps)
         return grown
 
     def register(self, seq_id: str, token_ids: Sequence[int], num_tokens: int) -> None:
@@ -519,8 +518,9 @@ class StepChanges:
         already share them (every layer writes the step's K/V before it attends)."""
         self._touch(seq_id)
         published = self._m._register(seq_id, token_ids, num_tokens)
-        self._published.setdefault(seq_id, []).extend(published)
-        self._publisher.update((block, seq_id) for block, _ in published)
+        if published:
+            self._published.setdefault(seq_id, []).extend(published)
+            self._publisher.update((block, seq_id) for block, _ in published)
 
     def take_copies(self) -> list[tuple[int, int]]:
         """``(source, copy)`` block pairs the runner must copy before the forward."""
@@ -554,21 +554,22 @@ class StepChanges:
         admission was undone: they hold no blocks any more, and store nothing at commit."""
         self._check_open()
         everything = seq_ids is None
-        ids = list({**self._touched, **self._published}) if everything else list(seq_ids)
+        ids = list({**self._before, **self._published}) if everything else list(seq_ids)
         for seq_id in ids:  # grows while it runs: dependents of dependents
             ids.extend(d for d in self._dependents.pop(seq_id, ()) if d not in ids)
         self._rolled_back.update(ids)
         undone = []
         for seq_id in ids:
             self._m._unpublish(self._published.pop(seq_id, []))
-            before = self._touched.pop(seq_id, None)
+            before = self._before.pop(seq_id, None)
+            swaps = self._swaps.pop(seq_id, [])
             if before is None or not self._m.holds(seq_id):
                 continue
-            if before.table is None:
+            if before[0] is None:
                 self._m.free(seq_id)
                 undone.append(seq_id)
             else:
-                self._m._restore(seq_id, before)
+                self._m._restore(seq_id, before, swaps)
         if everything:
             self._copies.clear()
             self._m._step = None
@@ -580,23 +581,20 @@ class StepChanges:
         if not self.is_open:
             raise RuntimeError("this step's block changes are already settled")
 
-    def _touch(self, seq_id: str) -> _Touched:
-        self._check_open()
-        before = self._touched.get(seq_id)
-        if before is None:
-            table = self._m._tables[seq_id]
-            before = _Touched(tuple(table), len(self._m._chains[seq_id]))
-            self._touched[seq_id] = before
-        return before
+    def _touch(self, seq_id: str) -> None:
+        if self._m._step is not self:
+            raise RuntimeError("this step's block changes are already settled")
+        if seq_id not in self._before:
+            self._before[seq_id] = (len(self._m._tables[seq_id]), len(self._m._chains[seq_id]))
 
     def _sources(self) -> Iterator[int]:
-        return (old for t in self._touched.values() for _, old, _ in t.swaps)
+        return (old for swaps in self._swaps.values() for _, old, _ in swaps)
 
     def _forget(self, seq_id: str) -> None:
         """The sequence is being freed mid-step (preempted): its copy-on-write sources are
         released now, and nothing of it is left to undo but its publications."""
-        before = self._touched.pop(seq_id, None)
-        for _, old, _ in before.swaps if before else ():
+        self._before.pop(seq_id, None)
+        for _, old, _ in self._swaps.pop(seq_id, ()):
             self._m._release(old)
 
 
