@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
+import types
+from dataclasses import dataclass, field, fields
+from functools import cache
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 BLOCK_SIZES = (16, 32, 64)
+MEMORY_RESERVE_BOUNDS = (0.0, 0.5)
+"""The reserve's allowed range; the server's settings and policy store read it from here."""
 CPU_KV_CACHE_BYTES = 1 << 30
 """On CPU the pool is sized from this budget, never from all free RAM."""
 
@@ -25,47 +29,116 @@ class EngineLimits:
         return math.ceil(num_tokens / self.block_size)
 
 
+def knob(
+    default: Any,
+    help: str,
+    *,
+    ge: float | None = None,
+    le: float | None = None,
+    choices: tuple[Any, ...] | None = None,
+) -> Any:
+    """An EngineConfig field with its help text and bounds in the field's metadata."""
+    return field(default=default, metadata={"help": help, "ge": ge, "le": le, "choices": choices})
+
+
 @dataclass(slots=True)
 class EngineConfig:
-    model: str
-    policy: str = "continuous"
-    device: str = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    memory_reserve: float = 0.10
-    enable_prefix_caching: bool = True
-    max_waiting: int = 1024
-    attention_backend: Literal["auto", "torch", "triton"] = "auto"
-    gpu_memory_utilization: float = 0.90
-    num_threads: int | None = None
-    retain_freed_host_memory: bool = True
-    """On CPU, keep freed allocations mapped between forwards (see engine.host_memory)."""
-    seed: int = 0
+    """Every engine knob, its default, help text and bounds, defined once (the field's metadata).
+
+    ``servedeck`` flags and the server's settings are generated from these fields
+    (``config_options()``); the bounds are checked here and repeated by pydantic there.
+    """
+
+    model: str = field(metadata={"help": "Hugging Face model folder"})
+    policy: str = knob("continuous", "batch scheduling policy (a policies.base.PolicyName)")
+    device: str = knob("cpu", "torch device: cpu or cuda")
+    dtype: Literal["float32", "bfloat16", "float16"] = knob("float32", "weights and KV dtype")
+    block_size: int = knob(16, "tokens per KV block", choices=BLOCK_SIZES)
+    num_kv_blocks: int | None = knob(None, "KV blocks in the pool (default: from memory)", ge=1)
+    max_model_len: int | None = knob(
+        None, "longest prompt + output in tokens (default: the model's)", ge=2
+    )
+    max_num_seqs: int = knob(256, "most sequences in one batch", ge=1)
+    max_num_batched_tokens: int = knob(2048, "token budget of one engine step", ge=1)
+    memory_reserve: float = knob(
+        0.10,
+        "fraction of KV blocks admission of new work may not take",
+        ge=MEMORY_RESERVE_BOUNDS[0],
+        le=MEMORY_RESERVE_BOUNDS[1],
+    )
+    enable_prefix_caching: bool = knob(True, "share KV blocks of identical prompt prefixes")
+    max_waiting: int = knob(1024, "waiting requests before new ones get 429", ge=1)
+    attention_backend: Literal["auto", "torch", "triton"] = knob(
+        "auto", "attention kernels: torch (CPU), triton (GPU) or auto"
+    )
+    gpu_memory_utilization: float = knob(0.90, "share of GPU memory the engine may take")
+    num_threads: int | None = knob(None, "torch CPU threads (default: torch's)", ge=1)
+    retain_freed_host_memory: bool = knob(
+        True, "on CPU, keep freed allocations mapped between forwards (engine.host_memory)"
+    )
+    seed: int = knob(0, "seed of the engine's torch generators")
 
     def __post_init__(self) -> None:
         if self.block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
-        if not 0.0 <= self.memory_reserve <= 0.5:
-            raise ValueError(f"memory_reserve must be in [0.0, 0.5], got {self.memory_reserve}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(
-                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
-            )
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
-        if self.max_waiting < 1:
-            raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")
+        for option in config_options().values():
+            option.check(getattr(self, option.name))
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(
                 f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigOption:
+    """One EngineConfig field as a flag or a setting sees it: ``type`` is the scalar type
+    (``int | None`` gives ``int`` with ``optional``), ``choices`` come from a ``Literal``."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    optional: bool
+    choices: tuple[Any, ...] | None = None
+    ge: float | None = None
+    le: float | None = None
+
+    def check(self, value: Any) -> None:
+        if value is None:
+            return
+        if self.ge is not None and self.le is not None and not self.ge <= value <= self.le:
+            raise ValueError(f"{self.name} must be in [{self.ge}, {self.le}], got {value}")
+        if self.ge is not None and value < self.ge:
+            raise ValueError(f"{self.name} must be >= {self.ge}, got {value}")
+        if self.le is not None and value > self.le:
+            raise ValueError(f"{self.name} must be <= {self.le}, got {value}")
+
+
+@cache
+def config_options() -> dict[str, ConfigOption]:
+    """EngineConfig's fields with a default, by name, in declaration order."""
+    hints = get_type_hints(EngineConfig)
+    options: dict[str, ConfigOption] = {}
+    for f in fields(EngineConfig):
+        if "help" not in f.metadata or f.name == "model":
+            continue
+        kind, optional = hints[f.name], False
+        if get_origin(kind) in (Union, types.UnionType):
+            args = [a for a in get_args(kind) if a is not type(None)]
+            kind, optional = args[0], True
+        choices = f.metadata["choices"]
+        if get_origin(kind) is Literal:
+            choices = get_args(kind)
+            kind = type(choices[0])
+        options[f.name] = ConfigOption(
+            f.name, kind, f.default, f.metadata["help"], optional, choices,
+            f.metadata["ge"], f.metadata["le"],
+        )  # fmt: skip
+    return options
+
+
+def config_default(name: str) -> Any:
+    """EngineConfig's default for ``name`` (the one place it is defined)."""
+    return config_options()[name].default
