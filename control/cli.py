@@ -6,24 +6,63 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 if TYPE_CHECKING:
     from control.core.config import Settings
 
 
+GENERATE_FLAGS = (
+    "policy",
+    "device",
+    "dtype",
+    "block_size",
+    "num_kv_blocks",
+    "memory_reserve",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "attention_backend",
+)
+"""EngineConfig fields ``servedeck generate`` takes as flags (defaults: EngineConfig's)."""
+
+
+def add_config_flags(
+    parser: argparse.ArgumentParser, names: Sequence[str], overrides: Sequence[str] = ()
+) -> None:
+    """A flag per EngineConfig field, with its type, choices and help from the field.
+
+    ``overrides`` given (serve, up): every flag is None by default so the environment and the
+    policy store decide; the help says which default applies. Otherwise (generate) the flag's
+    default is EngineConfig's."""
+    from engine.config import config_options
+    from policies.base import PolicyName
+
+    serving = bool(overrides)
+    for name in names:
+        option = config_options()[name]
+        default = None if serving else option.default
+        if name in overrides:
+            note = " (default: the stored policy version's; this overrides it)"
+        elif option.default is None:
+            note = ""
+        else:
+            note = f" (default {option.default})"
+        kind: dict = {"action": argparse.BooleanOptionalAction} if option.type is bool else {}
+        if option.type in (int, float):
+            kind["type"] = option.type
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            default=default,
+            choices=get_args(PolicyName) if name == "policy" else option.choices,
+            help=option.help + note,
+            **kind,
+        )
+
+
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="Hugging Face model folder (default: embedded small)")
-    parser.add_argument("--policy", default="continuous")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--block-size", type=int, default=16, choices=[16, 32, 64])
-    parser.add_argument("--num-kv-blocks", type=int)
-    parser.add_argument("--memory-reserve", type=float, default=0.10)
-    parser.add_argument("--max-model-len", type=int)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    add_config_flags(parser, GENERATE_FLAGS)
 
 
 def cmd_init_model(args: argparse.Namespace) -> int:
@@ -39,19 +78,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from engine.llm import LLM
     from engine.sampling_params import SamplingParams
 
-    llm = LLM(
-        args.model,
-        policy=args.policy,
-        device=args.device,
-        dtype=args.dtype,
-        block_size=args.block_size,
-        num_kv_blocks=args.num_kv_blocks,
-        memory_reserve=args.memory_reserve,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        attention_backend=args.attention_backend,
-    )
+    llm = LLM(args.model, **{name: getattr(args, name) for name in GENERATE_FLAGS})
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
     )
@@ -67,7 +94,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _add_serve_args(parser: argparse.ArgumentParser) -> None:
-    """Unset flags stay None so the environment and the policy store decide."""
+    """Unset flags stay None so the environment and the policy store decide; the engine's
+    flags come from EngineConfig's fields (``add_config_flags``)."""
     add = parser.add_argument
     add("--model", help="Hugging Face model folder (default: the embedded checkpoint)")
     add("--host", help="address to listen on (default 127.0.0.1)")
@@ -78,26 +106,18 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     add("--drain-timeout-s", type=float, help="on SIGTERM, seconds for requests in flight (30)")
     add("--stall-timeout-s", type=float, help="busy without progress this long: stalled (30)")
     add("--policy-apply-timeout-s", type=float, help="wait for the engine, then pending (30)")
-    add("--policy", choices=["static", "dynamic", "continuous", "hybrid"], help="override")
-    add("--block-size", type=int, choices=[16, 32, 64])
-    add("--num-kv-blocks", type=int)
-    add("--memory-reserve", type=float, help="override of the stored memory reserve")
-    add("--max-model-len", type=int)
-    add("--max-waiting", type=int, help="waiting requests before 429 (default 1024)")
     add("--api-key", help="API key /v1 requires as a bearer token ($SERVEDECK_API_KEY; off)")
     add("--api-key-file", help="file holding the API key ($SERVEDECK_API_KEY_FILE)")
     add("--max-body-bytes", type=int, help="request bodies past this get 413 (4 MiB)")
     add("--max-json-depth", type=int, help="JSON nested deeper gets 400 (64)")
     add("--max-stop-strings", type=int, help="stop strings per request (16)")
     add("--max-stop-length", type=int, help="characters of one stop string (256)")
-    add("--max-num-seqs", type=int)
-    add("--max-num-batched-tokens", type=int)
     add("--reclaim-interval-s", type=float, help="override of the stored sweep interval")
     add("--served-model-name", help="the model name clients use (default: the folder name)")
-    add("--num-threads", type=int, help="torch CPU threads")
-    add("--device")
-    add("--dtype", choices=["float32", "bfloat16", "float16"])
     add("--log-level", choices=["critical", "error", "warning", "info", "debug"])
+    from control.core.config import ENGINE_SETTINGS, POLICY_OVERRIDES
+
+    add_config_flags(parser, (*POLICY_OVERRIDES, *ENGINE_SETTINGS), overrides=POLICY_OVERRIDES)
 
 
 _NOT_SETTINGS = {"command", "func", "db_command", "no_console"}

@@ -14,11 +14,15 @@ from control.schemas import (
     PolicyVersionPublic,
     VersionStatus,
 )
+from engine.config import config_default
 from policies.base import PolicySpec
 
 DEFAULT_SETTINGS = PolicySettings(
-    policy=PolicySpec(name="continuous"), memory_reserve=0.10, reclaim_interval_s=5.0
+    policy=PolicySpec(name=config_default("policy")),
+    memory_reserve=config_default("memory_reserve"),
+    reclaim_interval_s=5.0,
 )
+"""Version 1's settings: the policy and reserve are EngineConfig's defaults."""
 SEED_ACTOR = "servedeck"
 
 

@@ -214,16 +214,8 @@ def load_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Run
     config = EngineConfig(
         model=str(model_dir),
         policy=in_force.policy.name,
-        device=settings.device,
-        dtype=settings.dtype,
-        block_size=settings.block_size,
-        num_kv_blocks=settings.num_kv_blocks,
-        max_model_len=settings.max_model_len,
-        max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
         memory_reserve=in_force.memory_reserve,
-        max_waiting=settings.max_waiting,
-        num_threads=settings.num_threads,
+        **settings.engine_values(),
     )
     log.info("loading %s", model_dir)
     llm_engine = LLMEngine.from_config(config)

@@ -2,24 +2,65 @@
 
 ``policy``, ``memory_reserve`` and ``reclaim_interval_s`` are *overrides*: unset, the newest
 stored policy version decides; set, they win for this process until a PUT replaces them.
+
+The engine settings are EngineConfig's fields (type, default, bounds, help come from there):
+``ENGINE_SETTINGS`` names the ones the server takes, ``POLICY_OVERRIDES`` the ones the policy
+store decides (None by default here).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, create_model, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engine.config import MEMORY_RESERVE_BOUNDS, config_options
 from policies.base import PolicyName
 
-MEMORY_RESERVE_BOUNDS = (0.0, 0.5)
+__all__ = ["MEMORY_RESERVE_BOUNDS", "RECLAIM_INTERVAL_BOUNDS", "Settings"]
+
 RECLAIM_INTERVAL_BOUNDS = (0.5, 3600.0)
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+POLICY_OVERRIDES = ("policy", "memory_reserve")
+"""EngineConfig fields the stored policy version decides; a setting overrides it."""
+ENGINE_SETTINGS = (
+    "device",
+    "dtype",
+    "block_size",
+    "num_kv_blocks",
+    "max_model_len",
+    "max_waiting",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "num_threads",
+)
+"""EngineConfig fields the server takes as settings, with EngineConfig's defaults."""
 
 
-class Settings(BaseSettings):
+def engine_setting(name: str) -> tuple[Any, Any]:
+    """An EngineConfig field as a pydantic field: ``(type, Field(default, bounds, help))``."""
+    option = config_options()[name]
+    kind: Any = Literal[option.choices] if option.choices else option.type
+    if name == "policy":
+        kind = PolicyName
+    override = name in POLICY_OVERRIDES
+    if override or option.optional:
+        kind = kind | None
+    bounds = {k: v for k, v in (("ge", option.ge), ("le", option.le)) if v is not None}
+    default = None if override else option.default
+    return kind, Field(default, description=option.help, **bounds)
+
+
+_EngineSettings: type[BaseSettings] = create_model(
+    "_EngineSettings",
+    __base__=BaseSettings,
+    **{name: engine_setting(name) for name in (*POLICY_OVERRIDES, *ENGINE_SETTINGS)},
+)
+
+
+class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
     model_config = SettingsConfigDict(env_prefix="SERVEDECK_", extra="ignore")
 
     model: Path | None = Field(None, description="Hugging Face model folder (default: embedded).")
@@ -31,19 +72,9 @@ class Settings(BaseSettings):
     admin_token_file: Path | None = Field(
         None, description="File holding the admin token (keeps it off the command line)."
     )
-    policy: PolicyName | None = None
-    memory_reserve: float | None = Field(
-        None, ge=MEMORY_RESERVE_BOUNDS[0], le=MEMORY_RESERVE_BOUNDS[1]
-    )
     reclaim_interval_s: float | None = Field(
         None, ge=RECLAIM_INTERVAL_BOUNDS[0], le=RECLAIM_INTERVAL_BOUNDS[1]
     )
-    device: str = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    block_size: Literal[16, 32, 64] = 16
-    num_kv_blocks: int | None = Field(None, ge=1)
-    max_model_len: int | None = Field(None, ge=2)
-    max_waiting: int = Field(1024, ge=1)
     api_key: SecretStr | None = Field(
         None, description="When set, /v1 routes require 'Authorization: Bearer <key>'."
     )
@@ -54,9 +85,6 @@ class Settings(BaseSettings):
     max_json_depth: int = Field(64, ge=2, description="Deeper JSON nesting gets 400.")
     max_stop_strings: int = Field(16, ge=1, description="Stop strings a request may give.")
     max_stop_length: int = Field(256, ge=1, description="Characters of one stop string.")
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(2048, ge=1)
-    num_threads: int | None = Field(None, ge=1)
     maintenance_retention: int = Field(
         1000, ge=10, description="Maintenance runs kept in the database."
     )
@@ -89,6 +117,11 @@ class Settings(BaseSettings):
             raise ValueError(f"the API key file {self.api_key_file} is empty")
         self.api_key = SecretStr(key)
         return self
+
+    def engine_values(self) -> dict[str, Any]:
+        """The engine settings by EngineConfig field name (the overrides go through the
+        policy store, see ``control.policy_rows.with_overrides``)."""
+        return {name: getattr(self, name) for name in ENGINE_SETTINGS}
 
     def db_path(self) -> Path:
         if self.db is not None:
