@@ -1,8 +1,11 @@
 """The policy seam: what every scheduling policy implements, and the mechanics they share.
 
 A policy owns the queue and decides, once per engine step, which sequences compute how many
-tokens. It never runs the model: it hands the runner a ScheduledBatch. Policies can be
-swapped at a step boundary: ``handover()`` gives up every sequence with its KV blocks and
+tokens. It never runs the model: it hands the runner a ScheduledBatch. The blocks a step
+needs (admissions, growth, prefix registrations) are proposed into the step's StepChanges,
+``schedule(changes)``; the engine commits or rolls them back once the step ran. Frees
+(finish, abort, preemption) and trims happen at once. Policies can be swapped at a step
+boundary: ``handover()`` gives up every sequence with its KV blocks and
 progress, the next policy's ``adopt()`` takes them over.
 
 Aging (``max_wait_s``): a waiting request that has waited longer than that since its arrival
