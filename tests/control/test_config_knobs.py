@@ -20,6 +20,7 @@ from control.schemas import PolicySettings
 from engine import config as engine_config
 from engine.config import EngineConfig, config_default, config_options
 from policies.base import PolicyName
+from tests.control.support import ADMIN, NUM_KV_BLOCKS, TOKEN, ServerProcess
 
 
 def _bounds(metadata: list) -> tuple[float | None, float | None]:
@@ -129,3 +130,29 @@ def test_seeded_version_and_reserve_bounds_read_engine_config():
 def test_engine_config_checks_the_bounds_of_its_metadata(kwargs, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(model="m", **kwargs)
+
+
+def test_serve_flags_and_variables_reach_the_engine(tiny_model_dir, tmp_path):
+    """A real server: engine flags and ``SERVEDECK_*`` variables reach EngineConfig by name,
+    the policy overrides reach the policy in force."""
+    flags = [
+        "--admin-token", TOKEN, "--block-size", "32", "--max-num-seqs", "3",
+        "--policy", "hybrid", "--memory-reserve", "0.2",
+    ]  # fmt: skip
+    server = ServerProcess(
+        tiny_model_dir,
+        tmp_path,
+        flags,
+        {"SERVEDECK_MAX_NUM_BATCHED_TOKENS": "100"},
+    )
+    server.start()
+    try:
+        with server.client(headers=ADMIN) as http:
+            limits = http.get("/admin/policy/schema").json()["engine_limits"]
+            policy = http.get("/admin/policy").json()["settings"]
+    finally:
+        server.stop()
+    assert limits["block_size"] == 32 and limits["max_num_seqs"] == 3
+    assert limits["max_num_batched_tokens"] == 100
+    assert limits["num_kv_blocks"] == NUM_KV_BLOCKS
+    assert (policy["policy"]["name"], policy["memory_reserve"]) == ("hybrid", 0.2)
