@@ -113,6 +113,7 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     add("--max-stop-strings", type=int, help="stop strings per request (16)")
     add("--max-stop-length", type=int, help="characters of one stop string (256)")
     add("--reclaim-interval-s", type=float, help="override of the stored sweep interval")
+    add("--cors-allow-origins", help="comma-separated origins allowed by CORS (default: off)")
     add("--served-model-name", help="the model name clients use (default: the folder name)")
     add("--log-level", choices=["critical", "error", "warning", "info", "debug"])
     from control.core.config import ENGINE_SETTINGS, POLICY_OVERRIDES

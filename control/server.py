@@ -22,10 +22,11 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 import control.models  # noqa: F401  (tables on SQLModel.metadata before anything queries)
 from control import migrate
-from control.api import errors, limits, openapi
+from control.api import errors, openapi
 from control.api.main import api_router
 from control.api.middleware import RequestGuard, install_log_filter
 from control.api.routes import admin_policy
@@ -57,8 +58,6 @@ def create_app(
 
         def load() -> None:
             ctx.load()
-            if ctx.runtime is not None:
-                limits.max_prompt_bytes(ctx.runtime.llm_engine)  # once, before traffic
             if ctx.load_error is not None and on_load_failure is not None:
                 on_load_failure()
 
@@ -91,6 +90,14 @@ def create_app(
         max_body_bytes=settings.max_body_bytes,
         max_json_depth=settings.max_json_depth,
     )
+    if origins := settings.cors_origins():  # CORS stays off unless configured
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["GET", "POST", "PUT", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", "If-Match", "X-Request-Id"],
+            expose_headers=["ETag", "X-Request-Id", "Retry-After"],
+        )
     install_log_filter()
     return app
 

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tokenizers import Tokenizer
 
-from engine.admission import check_request
+from engine.admission import check_request, check_text_size, max_prompt_bytes
 from engine.batch import ScheduledBatch, StepInfo, StepResult
 from engine.commands import CommandQueue
-from engine.config import EngineConfig, EngineLimits
+from engine.config import EngineConfig, EngineLimits, config_options
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import QueueFull, RequestRejected
 from engine.kv_cache import BlockManager, StepChanges
@@ -68,6 +68,10 @@ class LLMEngine:
         self.runner = runner
         self.limits = limits
         self.tokenizer = tokenizer
+        self.max_prompt_bytes = (
+            0 if tokenizer is None else max_prompt_bytes(tokenizer, limits.max_model_len)
+        )
+        """UTF-8 bytes of text past which a prompt cannot fit (computed once, at build)."""
         self.eos_token_ids = frozenset(eos_token_ids)
         self.vocab_size = vocab_size
         self.clock = clock
@@ -120,10 +124,14 @@ class LLMEngine:
     # -- requests -----------------------------------------------------------------------
 
     def tokenize(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt (thread-safe). Text that cannot fit ``max_model_len`` is refused
+        before it is tokenized; ``encode_batch`` releases the GIL while it works (``encode`` does
+        not), so a server calling this on a worker thread keeps answering meanwhile."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestRejected("this model has no tokenizer: send token ids", "prompt")
-            return self.tokenizer.encode(prompt).ids
+            check_text_size(prompt, self.max_prompt_bytes, self.limits.max_model_len)
+            return self.tokenizer.encode_batch([prompt])[0].ids
         return list(prompt)
 
     def add_request(
@@ -340,8 +348,7 @@ class LLMEngine:
         return self.commands.submit(switch)
 
     def set_memory_reserve(self, fraction: float) -> Future[float]:
-        if not 0.0 <= fraction <= 0.5:
-            raise ValueError(f"memory_reserve must be in [0.0, 0.5], got {fraction}")
+        config_options()["memory_reserve"].check(fraction)
 
         def apply() -> float:
             self.blocks.memory_reserve = fraction

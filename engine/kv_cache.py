@@ -72,7 +72,7 @@ class BlockManager:
         self,
         num_blocks: int,
         block_size: int,
-        memory_reserve: float = 0.10,
+        memory_reserve: float,
         enable_prefix_caching: bool = True,
     ) -> None:
         self.num_blocks = num_blocks

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -15,47 +16,26 @@ from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from policies.base import PolicySpec
 
+ENGINE_FIELDS = frozenset(f.name for f in fields(EngineConfig)) - {"model"}
+"""Keyword arguments of ``LLM`` that are engine settings; the others are policy params."""
+
 
 class LLM:
-    def __init__(
-        self,
-        model: str | Path | None = None,
-        policy: str = "continuous",
-        device: str = "cpu",
-        dtype: str = "float32",
-        block_size: int = 16,
-        num_kv_blocks: int | None = None,
-        memory_reserve: float = 0.10,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 2048,
-        max_model_len: int | None = None,
-        enable_prefix_caching: bool = True,
-        attention_backend: str = "auto",
-        num_threads: int | None = None,
-        seed: int = 0,
-        **policy_params: Any,
-    ) -> None:
-        """``model`` is a Hugging Face folder (default: the embedded ``small`` checkpoint);
-        extra keyword arguments are the policy's params."""
-        config = EngineConfig(
-            model=str(model or default_model_dir()),
-            policy=policy,
-            device=device,
-            dtype=dtype,  # type: ignore[arg-type]
-            block_size=block_size,
-            num_kv_blocks=num_kv_blocks,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            memory_reserve=memory_reserve,
-            enable_prefix_caching=enable_prefix_caching,
-            attention_backend=attention_backend,  # type: ignore[arg-type]
-            num_threads=num_threads,
-            seed=seed,
-        )
+    def __init__(self, model: str | Path | None = None, **kwargs: Any) -> None:
+        """``model`` is a Hugging Face folder (default: the embedded ``small`` checkpoint).
+
+        Keyword arguments named like an ``EngineConfig`` field (``policy``, ``device``,
+        ``dtype``, ``block_size``, ``num_kv_blocks``, ``memory_reserve``, ``max_num_seqs``,
+        ``max_num_batched_tokens``, ``max_model_len``, ...) set that field, whose default and
+        bounds are defined there once; the rest are the policy's params
+        (``LLM(policy="dynamic", length_window=64)``).
+        """
+        engine_kwargs = {k: v for k, v in kwargs.items() if k in ENGINE_FIELDS}
+        policy_params = {k: v for k, v in kwargs.items() if k not in ENGINE_FIELDS}
+        config = EngineConfig(model=str(model or default_model_dir()), **engine_kwargs)
         self.engine = LLMEngine.from_config(config)
         if policy_params:
-            self.set_policy(policy, **policy_params)
+            self.set_policy(config.policy, **policy_params)
 
     def generate(
         self,

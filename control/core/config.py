@@ -99,6 +99,13 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
     )
     testing: bool = Field(False, description="Expose test-only routes (never in production).")
     log_level: str = "info"
+    cors_allow_origins: str | None = Field(
+        None,
+        description="Comma-separated origins browsers may call the API from (CORS); off unset.",
+    )
+
+    def cors_origins(self) -> list[str]:
+        return [o.strip() for o in (self.cors_allow_origins or "").split(",") if o.strip()]
 
     @model_validator(mode="after")
     def _read_api_key_file(self) -> Settings:
