@@ -383,10 +383,15 @@ def run_soak(config: SoakConfig, workdir: Path | None = None) -> SoakReport:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
-    parser.add_argument("--duration", type=float, default=SoakConfig.duration_s)
-    parser.add_argument("--clients", type=int, default=SoakConfig.clients)
-    parser.add_argument("--seed", type=int, default=SoakConfig.seed)
+    defaults = SoakConfig()
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.soak",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--duration", type=float, default=defaults.duration_s, help="seconds")
+    parser.add_argument("--clients", type=int, default=defaults.clients)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--out", type=Path, help="write the report as JSON here")
     args = parser.parse_args(argv)
     config = SoakConfig(duration_s=args.duration, clients=args.clients, seed=args.seed)

@@ -28,7 +28,7 @@ from engine.config import EngineConfig, EngineLimits, config_options
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import QueueFull, RequestRejected
 from engine.kv_cache import BlockManager, StepChanges
-from engine.kv_stats import KVStats, ReclaimResult
+from engine.kv_stats import KVIntegrity, KVStats, ReclaimResult
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.runner import Runner
 from engine.sampling_params import SamplingParams
@@ -383,6 +383,15 @@ class LLMEngine:
 
     def kv_stats(self) -> KVStats:
         return self.blocks.stats()
+
+    def check_kv_integrity(self) -> Future[KVIntegrity]:
+        """The block manager's self-check at the next step boundary (no step half-applied)."""
+
+        def check() -> KVIntegrity:
+            problems = tuple(self.blocks.integrity_problems())
+            return KVIntegrity(ok=not problems, problems=problems, stats=self.blocks.stats())
+
+        return self.commands.submit(check)
 
     def snapshot(self) -> EngineSnapshot:
         """A consistent picture of queue, requests and KV (taken at a step boundary)."""

@@ -281,23 +281,36 @@ class BlockManager:
             evicted += 1
         return evicted
 
-    def check_integrity(self) -> None:
-        """Raise AssertionError when the bookkeeping contradicts itself (used by tests)."""
+    def integrity_problems(self) -> list[str]:
+        """Where the bookkeeping contradicts itself; empty when it is sound. Cheap enough to
+        run at a step boundary on a live server (``GET /admin/kv/integrity``)."""
+        problems: list[str] = []
         refs = [0] * self.num_blocks
         for table in self._tables.values():
             for block in table:
                 refs[block] += 1
         for block in self._step._sources() if self._step else ():
             refs[block] += 1  # a copy-on-write source stays referenced until the step settles
-        assert refs == self._ref_count, "ref counts disagree with the block tables"
+        if refs != self._ref_count:
+            problems.append("ref counts disagree with the block tables")
         free = set(self._free)
-        assert len(free) == len(self._free), "a block is twice on the free list"
+        if len(free) != len(self._free):
+            problems.append("a block is twice on the free list")
         for block in range(self.num_blocks):
             states = (block in free) + (block in self._cached) + (self._ref_count[block] > 0)
-            assert states == 1, f"block {block} is in {states} states"
-        assert self.num_free + self.num_used + self.num_cached == self.num_blocks
+            if states != 1:
+                problems.append(f"block {block} is in {states} states")
+        if self.num_free + self.num_used + self.num_cached != self.num_blocks:
+            problems.append("free + used + cached != total")
         live = sum(self._fill[b] for b in range(self.num_blocks) if self._ref_count[b] > 0)
-        assert live == self._live_tokens, f"live tokens {self._live_tokens} != {live}"
+        if live != self._live_tokens:
+            problems.append(f"live tokens {self._live_tokens} != {live}")
+        return problems
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError naming every contradiction in the bookkeeping (tests use it)."""
+        if problems := self.integrity_problems():
+            raise AssertionError("; ".join(problems))
         for block_hash, block in self._hash_to_block.items():
             assert self._block_hash[block] == block_hash, "hash index points at a stale block"
 

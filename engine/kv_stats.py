@@ -51,3 +51,12 @@ class ReclaimResult:
     free_after: int
     reserve_breached: bool
     duration_s: float
+
+
+class KVIntegrity(BaseModel):
+    """The block manager's self-check, taken at a step boundary."""
+
+    model_config = ConfigDict(frozen=True)
+    ok: bool
+    problems: tuple[str, ...] = Field(description="Each contradiction found; empty when ok.")
+    stats: KVStats

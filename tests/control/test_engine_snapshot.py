@@ -7,7 +7,7 @@ import re
 
 import httpx
 
-from tests.control.support import set_settings, state, wait_for
+from tests.control.support import ADMIN, set_settings, state, wait_for
 
 
 def _metric(text: str, name: str) -> float:
@@ -43,3 +43,15 @@ def test_metrics_and_state_read_the_same_snapshot(client: httpx.Client) -> None:
         assert _metric(text, name) == idle["kv"][block_state]
     assert _metric(text, "servedeck_kv_reserve_ratio") == idle["memory_reserve"]
     assert _metric(text, "servedeck_requests_running") == idle["scheduler"]["running"] == 0
+
+
+def test_kv_integrity_check_passes_on_a_serving_engine(client: httpx.Client) -> None:
+    done = client.post("/v1/completions", json={"prompt": "Check the books", "max_tokens": 4})
+    assert done.status_code == 200
+    response = client.get("/admin/kv/integrity", headers=ADMIN)
+    assert response.status_code == 200, response.text
+    report = response.json()
+    assert report == {"ok": True, "problems": [], "stats": report["stats"]}
+    kv = report["stats"]
+    assert kv["free"] + kv["used"] + kv["cached"] == kv["total"]
+    assert client.get("/admin/kv/integrity").status_code == 401

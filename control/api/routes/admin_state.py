@@ -1,4 +1,5 @@
-"""``GET /admin/state``: policy, queues, requests, KV accounting, throughput and latency."""
+"""``GET /admin/state``: policy, queues, requests, KV accounting, throughput and latency;
+``GET /admin/kv/integrity``: the block manager's self-check."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from fastapi import APIRouter
 
 from control.api.deps import AdminDep, RuntimeDep, SessionDep
 from control.schemas import ADMIN_ERRORS, AdminState
+from engine.kv_stats import KVIntegrity
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS)
 
@@ -29,3 +31,10 @@ def get_state(runtime: RuntimeDep, session: SessionDep) -> AdminState:
         totals=snap.totals,
         recent_reclaims=runtime.maintenance.last_runs(session),
     )
+
+
+@router.get("/kv/integrity", response_model=KVIntegrity)
+def get_kv_integrity(runtime: RuntimeDep) -> KVIntegrity:
+    """Check the KV bookkeeping at a step boundary: every block in exactly one state, ref
+    counts equal to the block tables, the stored-token count consistent."""
+    return runtime.llm_engine.check_kv_integrity().result(runtime.apply_timeout_s)
