@@ -103,22 +103,31 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     add("--db", help="SQLite file (default: <cache>/servedeck.db)")
     add("--admin-token", help="admin bearer token (default: $SERVEDECK_ADMIN_TOKEN or generated)")
     add("--admin-token-file", help="file holding the admin token ($SERVEDECK_ADMIN_TOKEN_FILE)")
-    add("--drain-timeout-s", type=float, help="on SIGTERM, seconds for requests in flight (30)")
-    add("--stall-timeout-s", type=float, help="busy without progress this long: stalled (30)")
-    add("--policy-apply-timeout-s", type=float, help="wait for the engine, then pending (30)")
     add("--api-key", help="API key /v1 requires as a bearer token ($SERVEDECK_API_KEY; off)")
     add("--api-key-file", help="file holding the API key ($SERVEDECK_API_KEY_FILE)")
-    add("--max-body-bytes", type=int, help="request bodies past this get 413 (4 MiB)")
-    add("--max-json-depth", type=int, help="JSON nested deeper gets 400 (64)")
-    add("--max-stop-strings", type=int, help="stop strings per request (16)")
-    add("--max-stop-length", type=int, help="characters of one stop string (256)")
     add("--reclaim-interval-s", type=float, help="override of the stored sweep interval")
     add("--cors-allow-origins", help="comma-separated origins allowed by CORS (default: off)")
     add("--served-model-name", help="the model name clients use (default: the folder name)")
     add("--log-level", choices=["critical", "error", "warning", "info", "debug"])
-    from control.core.config import ENGINE_SETTINGS, POLICY_OVERRIDES
+    from control.core.config import ENGINE_SETTINGS, POLICY_OVERRIDES, Settings
 
+    for name in SERVER_LIMITS:  # help and default from the setting itself, defined once there
+        field = Settings.model_fields[name]
+        kind = type(field.default)
+        add(f"--{name.replace('_', '-')}", type=kind, help=f"{field.description} ({field.default})")
     add_config_flags(parser, (*POLICY_OVERRIDES, *ENGINE_SETTINGS), overrides=POLICY_OVERRIDES)
+
+
+SERVER_LIMITS = (
+    "drain_timeout_s",
+    "stall_timeout_s",
+    "policy_apply_timeout_s",
+    "max_body_bytes",
+    "max_json_depth",
+    "max_stop_strings",
+    "max_stop_length",
+)
+"""Server settings with a default whose flag, type and help are read from ``Settings``."""
 
 
 _NOT_SETTINGS = {"command", "func", "db_command", "no_console"}
