@@ -392,9 +392,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=defaults.duration_s, help="seconds")
     parser.add_argument("--clients", type=int, default=defaults.clients)
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=defaults.max_model_len,
+        help="the server's context; the long tenth of prompts reaches up to it",
+    )
+    parser.add_argument("--max-wait-s", type=float, default=defaults.max_wait_s, help="aging")
     parser.add_argument("--out", type=Path, help="write the report as JSON here")
     args = parser.parse_args(argv)
-    config = SoakConfig(duration_s=args.duration, clients=args.clients, seed=args.seed)
+    config = SoakConfig(
+        duration_s=args.duration,
+        clients=args.clients,
+        seed=args.seed,
+        max_model_len=args.max_model_len,
+        max_wait_s=args.max_wait_s,
+    )
     report = run_soak(config)
     text = json.dumps(asdict(report), indent=2)
     if args.out:

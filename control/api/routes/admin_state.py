@@ -15,20 +15,10 @@ router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], res
 @router.get("/state", response_model=AdminState)
 def get_state(runtime: RuntimeDep, session: SessionDep) -> AdminState:
     snap = runtime.llm_engine.snapshot()
+    # The snapshot's fields by name (its own reclaim log is replaced by the recorded sweeps).
     return AdminState(
+        **{name: getattr(snap, name) for name in AdminState.model_fields if hasattr(snap, name)},
         version=runtime.version,
-        policy=snap.policy,
-        policy_version=snap.policy_version,
-        scheduler=snap.scheduler,
-        memory_reserve=snap.memory_reserve,
-        uptime_s=snap.uptime_s,
-        queue=snap.queue,
-        requests=list(snap.requests),
-        kv=snap.kv,
-        block_map=snap.block_map,
-        throughput=snap.throughput,
-        latency=snap.latency,
-        totals=snap.totals,
         recent_reclaims=runtime.maintenance.last_runs(session),
     )
 
