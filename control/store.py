@@ -124,14 +124,10 @@ class PolicyStore:
     def effective_params(self, spec: PolicySpec) -> dict[str, Any]:
         """Every param in force; a ``None`` default means the engine cap, shown as its value."""
         try:
-            params = validate_params(spec, self.limits).model_dump()
+            params = validate_params(spec, self.limits)
         except ValidationError:  # stored params that no longer fit: the engine took defaults
-            params = validate_params(PolicySpec(name=spec.name), self.limits).model_dump()
-        caps = POLICIES[spec.name].params_model.caps
-        for field, limit in caps.items():
-            if params.get(field) is None:
-                params[field] = getattr(self.limits, limit)
-        return params
+            params = validate_params(PolicySpec(name=spec.name), self.limits)
+        return params.effective(self.limits)
 
     def _sources(self, row: PolicyVersion, settings: PolicySettings) -> dict[str, Source]:
         def top(field: str) -> Source:

@@ -46,6 +46,7 @@ def max_wait_field(default: float | None) -> Any:
             "admitted before any newer one (newer ones wait; nothing is preempted). "
             "null turns aging off."
         ),
+        json_schema_extra={"x-null": "off"},
     )
 
 
@@ -69,6 +70,15 @@ class PolicyParams(BaseModel):
             raise ValueError(f"must be <= the engine cap {limit_name}={cap}, got {value}")
         return value
 
+    def effective(self, limits: EngineLimits) -> dict[str, Any]:
+        """Every param in force: a capped field left ``None`` shows the engine cap it stands
+        for; any other ``None`` (``max_wait_s``) means the feature is off."""
+        params = self.model_dump()
+        for field, limit_name in self.caps.items():
+            if params.get(field) is None:
+                params[field] = getattr(limits, limit_name)
+        return params
+
 
 class PolicySpec(BaseModel):
     """A policy by name with its params (validated against that policy's params model)."""
@@ -79,13 +89,18 @@ class PolicySpec(BaseModel):
 
 
 MaxNumSeqs = Field(
-    None, ge=1, le=65536, description="Most sequences in one batch (default: the engine cap)."
+    None,
+    ge=1,
+    le=65536,
+    description="Most sequences in one batch (default: the engine cap).",
+    json_schema_extra={"x-null": "engine cap"},
 )
 MaxBatchedTokens = Field(
     None,
     ge=1,
     le=1 << 20,
     description="Token budget of one step (default: the engine cap).",
+    json_schema_extra={"x-null": "engine cap"},
 )
 
 
@@ -95,7 +110,9 @@ class PolicySnapshot(BaseModel):
 
     model_config = ConfigDict(frozen=True, from_attributes=True)
     policy: str = Field(description="The policy's name.")
-    params: dict[str, Any] = Field(description="Its params, defaults filled in.")
+    params: dict[str, Any] = Field(
+        description="Its params in force: defaults filled in, engine caps shown as values."
+    )
     waiting: int = Field(description="Requests waiting to be admitted.")
     running: int = Field(description="Requests holding KV blocks and being computed.")
     preemptions: int = Field(description="Sequences preempted (recompute) so far.")
@@ -194,7 +211,7 @@ class SchedulingPolicy(ABC):
     def snapshot(self) -> PolicySnapshot:
         return PolicySnapshot(
             policy=self.name,
-            params=self.params.model_dump(),
+            params=self.params.effective(self.limits),
             waiting=len(self.waiting),
             running=len(self.running),
             preemptions=self.num_preemptions,

@@ -119,7 +119,7 @@ class PaddedGroupPolicy(SchedulingPolicy):
         queued = self.live_queued()
         return GroupSnapshot(
             policy=self.name,
-            params=self.params.model_dump(),
+            params=self.params.effective(self.limits),
             waiting=len(self.waiting) + len(queued),
             running=len(self.running),
             preemptions=self.num_preemptions,

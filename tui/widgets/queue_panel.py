@@ -42,7 +42,7 @@ class QueuePanel(Widget):
                 (f"{state.memory_reserve:.0%}", "bold"),
             ),
             Content.styled(
-                " ".join(f"{k}={'cap' if v is None else v}" for k, v in params.items())
+                " ".join(f"{k}={'off' if v is None else v}" for k, v in params.items())
                 or "default params",
                 "$text-muted",
             ),

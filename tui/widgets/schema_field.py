@@ -29,6 +29,8 @@ class FieldSpec:
     choices: tuple[Any, ...] = ()
     cap: Any = None
     """The engine cap a null value stands for, when the server reports it."""
+    null_means: str = "engine cap"
+    """What an empty (null) value stands for: the schema's ``x-null`` ("engine cap", "off")."""
 
     @classmethod
     def from_schema(
@@ -51,6 +53,7 @@ class FieldSpec:
             description=merged.get("description", ""),
             choices=tuple(merged.get("enum", ())),
             cap=cap,
+            null_means=merged.get("x-null", "engine cap"),
         )
 
     def bounds(self) -> str:
@@ -65,7 +68,7 @@ class FieldSpec:
             text = self.kind
         if self.nullable:
             cap = f" ({self.cap})" if self.cap is not None else ""
-            text += f", empty = engine cap{cap}"
+            text += f", empty = {self.null_means}{cap}"
         return text
 
     def validators(self) -> list[Validator]:
@@ -122,7 +125,7 @@ class SchemaField(Vertical):
         else:
             yield Input(
                 "" if self.initial is None else str(self.initial),
-                placeholder="engine cap" if spec.nullable else spec.kind,
+                placeholder=spec.null_means if spec.nullable else spec.kind,
                 type={"integer": "integer", "number": "number"}.get(spec.kind, "text"),
                 validators=spec.validators(),
                 valid_empty=spec.nullable,
