@@ -1,0 +1,1 @@
+"""What-if simulator: the real engine and policies on a cost-model clock (floor 4½)."""
