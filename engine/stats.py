@@ -67,6 +67,8 @@ class EngineStats:
     finished: deque[FinishedRecord] = field(default_factory=lambda: deque(maxlen=2048))
     reclaims: deque[tuple[float, ReclaimResult]] = field(default_factory=lambda: deque(maxlen=64))
     num_steps: int = 0
+    seq_steps: int = 0
+    """Σ sequences scheduled over all steps (the unit of the engine's per-step overhead)."""
     prompt_tokens: int = 0
     generation_tokens: int = 0
     padded_tokens: int = 0
@@ -78,6 +80,7 @@ class EngineStats:
     def record_step(self, record: StepRecord) -> None:
         self.steps.append(record)
         self.num_steps += 1
+        self.seq_steps += record.num_seqs
         self.prompt_tokens += record.prefill_tokens
         self.generation_tokens += record.generated_tokens
         self.padded_tokens += record.padded_tokens
