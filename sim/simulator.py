@@ -1,0 +1,202 @@
+"""``simulate()``: the real ``LLMEngine`` (its policy from the registry, its ``BlockManager``)
+driven by a virtual clock and a cost-model runner over a trace.
+
+Arrivals are fed as the clock reaches them, never all up front: after each step every request
+whose ``arrived_at`` has passed is added with its own arrival time, and an idle engine jumps
+the clock to the next arrival. Prompts are placeholder token ids unique to each request (the
+first ``shared_prefix`` tokens are common to all requests), so the prefix cache shares only
+what the trace says is shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.config import EngineConfig, EngineLimits, config_default
+from engine.engine import LLMEngine
+from engine.errors import QueueFull, RequestRejected
+from engine.outputs import RequestMetrics
+from engine.runner import Runner
+from engine.sampling_params import SamplingParams
+from engine.stats import EngineStats, StepRecord
+from policies.base import PolicySpec
+from sim.clock import VirtualClock
+from sim.cost_model import CostModel
+from sim.runner import CostModelRunner
+from sim.trace import TraceRequest
+
+SHARED_TOKEN = 7
+UNIQUE_BASE = 1_000_000
+"""Placeholder ids: shared prefix tokens are ``SHARED_TOKEN``; request ``i``'s own tokens are
+``UNIQUE_BASE + i`` (the block hash chains on its parent, so one id per request suffices)."""
+IDLE_TICK_S = 1e-3
+"""A step that schedules nothing while requests wait (a policy waiting on its own timer)
+moves the clock on by this much."""
+MAX_IDLE_TICKS = 10**6
+
+
+@dataclass(frozen=True, slots=True)
+class SimSetup:
+    """The engine knobs of a simulated run; ``None`` where EngineConfig's default means "from
+    the model / machine": ``num_kv_blocks`` from the cost model, ``max_model_len`` from the
+    cost model's ``max_model_len`` (if it has one) or else the trace's longest request."""
+
+    block_size: int = config_default("block_size")
+    max_num_seqs: int = config_default("max_num_seqs")
+    max_num_batched_tokens: int = config_default("max_num_batched_tokens")
+    memory_reserve: float = config_default("memory_reserve")
+    max_model_len: int | None = config_default("max_model_len")
+    num_kv_blocks: int | None = config_default("num_kv_blocks")
+    enable_prefix_caching: bool = config_default("enable_prefix_caching")
+    max_waiting: int = 1 << 20
+    """Not EngineConfig's 1,024: a replay measures the scheduler, not the admission limit (a
+    burst of 10,000 is queued whole, as ``servedeck bench`` queues its bursts)."""
+
+
+@dataclass(slots=True)
+class SimRecord:
+    """One finished request: its trace index, token counts and the engine's own metrics."""
+
+    index: int
+    prompt_tokens: int
+    output_tokens: int
+    metrics: RequestMetrics
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
+class SimResult:
+    records: list[SimRecord]
+    stats: EngineStats
+    duration_s: float
+    """From the first arrival to the last finish, in simulated seconds."""
+    steps: list[StepRecord] = field(default_factory=list)
+    """Every step (``stats.steps`` keeps only the newest)."""
+    num_kv_blocks: int = 0
+    block_size: int = 0
+    refused: int = 0
+    busy_s: float = 0.0
+    cost_model: str = ""
+    policy: PolicySpec | None = None
+    engine: LLMEngine | None = None
+    """The engine that ran (its policy, block manager and stats, for inspection)."""
+
+
+def _prompt(index: int, request: TraceRequest) -> list[int]:
+    own = request.num_prefill_tokens - request.shared_prefix
+    return [SHARED_TOKEN] * request.shared_prefix + [UNIQUE_BASE + index] * own
+
+
+def build_engine(
+    cost_model: CostModel,
+    policy: PolicySpec | str | dict[str, Any],
+    setup: SimSetup,
+    max_model_len: int,
+) -> tuple[LLMEngine, VirtualClock, CostModelRunner]:
+    """The engine the server would build, with a virtual clock and the cost-model runner."""
+    num_blocks = setup.num_kv_blocks or cost_model.kv_cache_blocks(setup.block_size)
+    if not num_blocks:
+        raise ValueError(f"{cost_model.name} sizes no KV pool: give SimSetup.num_kv_blocks")
+    config = EngineConfig(
+        model=f"sim:{cost_model.name}",
+        block_size=setup.block_size,
+        num_kv_blocks=num_blocks,
+        max_model_len=max_model_len,
+        max_num_seqs=setup.max_num_seqs,
+        max_num_batched_tokens=setup.max_num_batched_tokens,
+        memory_reserve=setup.memory_reserve,
+        enable_prefix_caching=setup.enable_prefix_caching,
+        max_waiting=setup.max_waiting,
+    )
+    limits = EngineLimits(
+        setup.block_size,
+        num_blocks,
+        max_model_len,
+        setup.max_num_seqs,
+        setup.max_num_batched_tokens,
+    )
+    clock = VirtualClock()
+    runner = CostModelRunner(cost_model, clock)
+    engine = LLMEngine(config, runner, limits, clock=clock, policy=policy)
+    return engine, clock, runner
+
+
+def simulate(
+    requests: Sequence[TraceRequest],
+    cost_model: CostModel,
+    policy: PolicySpec | str | dict[str, Any],
+    setup: SimSetup | None = None,
+    wrap_runner: Callable[[Runner], Runner] | None = None,
+) -> SimResult:
+    """Run the trace to completion; ``wrap_runner`` may wrap the cost-model runner (the bench
+    wraps it in its ``RecordingRunner`` to note each step's padding)."""
+    setup = setup or SimSetup()
+    max_len = setup.max_model_len or getattr(cost_model, "max_model_len", None)
+    if not max_len:
+        max_len = max((r.num_prefill_tokens + r.num_decode_tokens for r in requests), default=2)
+    engine, clock, runner = build_engine(cost_model, policy, setup, max_len)
+    if wrap_runner is not None:
+        engine.runner = wrap_runner(runner)
+    order = sorted(range(len(requests)), key=lambda i: requests[i].arrived_at)
+    result = SimResult([], engine.stats, 0.0, num_kv_blocks=engine.limits.num_kv_blocks)
+    result.block_size, result.cost_model, result.policy = (
+        setup.block_size,
+        cost_model.name,
+        engine.policy_spec,
+    )
+    if order:
+        clock.advance_to(requests[order[0]].arrived_at)
+    start = clock()
+    index_of: dict[str, int] = {}
+    pos, idle = 0, 0
+    while pos < len(order) or engine.has_unfinished_requests():
+        now = clock()
+        while pos < len(order) and requests[order[pos]].arrived_at <= now:
+            i = order[pos]
+            pos += 1
+            r = requests[i]
+            params = SamplingParams(
+                max_tokens=r.num_decode_tokens, temperature=0.0, ignore_eos=True
+            )
+            try:
+                engine.add_request(_prompt(i, r), params, f"r{i}", r.arrived_at)
+            except (QueueFull, RequestRejected):
+                result.refused += 1
+                continue
+            index_of[f"r{i}"] = i
+        if not engine.has_unfinished_requests():
+            if pos < len(order):
+                clock.advance_to(requests[order[pos]].arrived_at)
+            continue
+        before = engine.stats.num_steps
+        outputs = engine.step()
+        if engine.stats.num_steps > before:
+            result.steps.append(engine.stats.steps[-1])
+            idle = 0
+        elif not outputs:
+            idle += 1
+            if idle > MAX_IDLE_TICKS:
+                raise RuntimeError(
+                    f"{engine.policy_spec.name} schedules nothing while requests wait"
+                )
+            nxt = requests[order[pos]].arrived_at if pos < len(order) else now + IDLE_TICK_S
+            clock.advance_to(min(nxt, now + IDLE_TICK_S))
+        for out in outputs:
+            if out.finished:
+                i = index_of[out.request_id]
+                r = requests[i]
+                result.records.append(
+                    SimRecord(
+                        i,
+                        r.num_prefill_tokens,
+                        len(out.metrics.token_times),
+                        out.metrics,
+                        out.finish_reason,
+                    )
+                )
+    ends = [r.metrics.finish_time for r in result.records if r.metrics.finish_time is not None]
+    result.duration_s = max(ends, default=start) - start
+    result.busy_s, result.engine = runner.busy_s, engine
+    return result
