@@ -108,6 +108,7 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     add("--reclaim-interval-s", type=float, help="override of the stored sweep interval")
     add("--cors-allow-origins", help="comma-separated origins allowed by CORS (default: off)")
     add("--served-model-name", help="the model name clients use (default: the folder name)")
+    add("--cost-model", help="profile (gpu/model) or calibration file dry runs predict with")
     add("--log-level", choices=["critical", "error", "warning", "info", "debug"])
     from control.core.config import ENGINE_SETTINGS, POLICY_OVERRIDES, Settings
 
@@ -122,6 +123,8 @@ SERVER_LIMITS = (
     "drain_timeout_s",
     "stall_timeout_s",
     "policy_apply_timeout_s",
+    "prediction_timeout_s",
+    "prediction_max_requests",
     "max_body_bytes",
     "max_json_depth",
     "max_stop_strings",

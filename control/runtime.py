@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,10 +20,12 @@ from pydantic import ValidationError
 from sqlalchemy import Engine
 from sqlmodel import Session
 
+from control.arrivals import ArrivalLog
 from control.core.config import Settings
 from control.maintenance import Maintenance
 from control.metrics import ControlMetrics
 from control.policy_rows import seed, with_overrides
+from control.prediction import Predictor
 from control.schemas import NotReady, PolicySettings
 from control.store import PolicyStore
 from control.watchdog import JOB_ID as WATCHDOG_JOB_ID
@@ -30,6 +33,7 @@ from control.watchdog import StallWatchdog, check_interval
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
+from engine.outputs import RequestOutput
 from policies.base import PolicySpec
 from policies.registry import validate_params
 
@@ -74,6 +78,9 @@ class Runtime:
         self.watchdog = watchdog
         self.created = int(time.time())
         self.store: PolicyStore  # set by load_runtime: the store applies through this runtime
+        self.arrivals = ArrivalLog()
+        """Recent arrivals (times and lengths); load_runtime feeds it from on_finished."""
+        self.predictor: Predictor | None = None  # set by load_runtime
         self._apply_lock = threading.Lock()
         self._pending: _Pending | None = None
 
@@ -133,6 +140,8 @@ class Runtime:
     def close(self) -> None:
         self.maintenance.shutdown()
         self.engine.shutdown()
+        if self.predictor is not None:
+            self.predictor.close()
 
 
 @dataclass
@@ -194,6 +203,16 @@ def checkpoint(db: Engine) -> None:
         log.exception("WAL checkpoint at shutdown failed")
 
 
+def finished_hook(metrics: ControlMetrics, arrivals: ArrivalLog) -> Callable[[RequestOutput], None]:
+    """The engine's hook for a finished request: the latency metrics and the arrival record."""
+
+    def on_finished(output: RequestOutput) -> None:
+        metrics.observe_finished(output)
+        arrivals.record(output)
+
+    return on_finished
+
+
 def overrides_of(settings: Settings) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     if settings.policy is not None:
@@ -228,7 +247,14 @@ def load_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Run
         spec = PolicySpec(name=spec.name)
     llm_engine.set_policy(spec, version=row.version).result()  # this thread owns the engine
     in_force.policy = spec
-    engine = AsyncEngine(llm_engine, on_finished=metrics.observe_finished)
+    predictor = Predictor(
+        settings.cost_model,
+        llm_engine.limits,
+        settings.prediction_timeout_s,
+        settings.prediction_max_requests,
+    )
+    arrivals = ArrivalLog()
+    engine = AsyncEngine(llm_engine, on_finished=finished_hook(metrics, arrivals))
     maintenance = Maintenance(
         llm_engine, db, metrics, in_force.reclaim_interval_s, settings.maintenance_retention
     )
@@ -243,6 +269,7 @@ def load_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Run
         settings.policy_apply_timeout_s,
         watchdog,
     )
+    runtime.predictor, runtime.arrivals = predictor, arrivals
     runtime.store = PolicyStore(llm_engine.limits, runtime.apply, metrics, overrides)
     state = "failed" if refused else "applied"
     if (row.state, row.state_reason) != (state, refused):  # the newest version is in force now

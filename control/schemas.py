@@ -313,6 +313,28 @@ class FieldChange(BaseModel):
     after: Any
 
 
+class SettingPrediction(BaseModel):
+    """What the simulator predicts one setting does on the recorded trace."""
+
+    output_tokens_per_s: float = Field(description="Predicted output tokens per second.")
+    ttft_p50_s: float | None = Field(description="Predicted median time to first token.")
+    ttft_p99_s: float | None = Field(description="Predicted 99th-percentile time to first token.")
+    tpot_p50_s: float | None = Field(description="Predicted median time per output token.")
+    requests: int = Field(description="Requests the simulation completed.")
+
+
+class Prediction(BaseModel):
+    """A dry run's prediction, or why there is none (never a made-up figure)."""
+
+    available: bool
+    reason: str | None = Field(None, description="Why there is no prediction (when unavailable).")
+    cost_model: str | None = Field(None, description="The cost model the prediction is from.")
+    trace_requests: int = Field(0, description="Recorded requests the prediction replayed.")
+    statement: str = Field(description="What the figures are, in words.")
+    current: SettingPrediction | None = Field(None, description="The setting in force now.")
+    candidate: SettingPrediction | None = Field(None, description="The setting of the update.")
+
+
 class PolicyUpdateResult(BaseModel):
     dry_run: bool
     applied: bool
@@ -323,6 +345,11 @@ class PolicyUpdateResult(BaseModel):
     settings: PolicySettings
     status: VersionStatus | None = Field(
         None, description="The stored version's state (null for a dry run)."
+    )
+    prediction: Prediction | None = Field(
+        None,
+        description="Dry runs only: the simulator's prediction of the current and the "
+        "candidate setting on the recorded traffic, or why there is none.",
     )
 
 

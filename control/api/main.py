@@ -6,6 +6,7 @@ from control.api.routes import (
     admin_maintenance,
     admin_policy,
     admin_state,
+    admin_trace,
     completions,
     health,
     metrics,
@@ -20,6 +21,7 @@ for module in (
     metrics,
     admin_policy,
     admin_state,
+    admin_trace,
     admin_maintenance,
 ):
     api_router.include_router(module.router)

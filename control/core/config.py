@@ -97,6 +97,17 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
     policy_apply_timeout_s: float = Field(
         30.0, gt=0, description="How long a policy change waits for the engine (then pending)."
     )
+    cost_model: str | None = Field(
+        None,
+        description="Cost model dry runs predict with: a profile (gpu/model, e.g. "
+        "a100-80g/llama3-8b) or a calibration file (servedeck calibrate); none: no prediction.",
+    )
+    prediction_timeout_s: float = Field(
+        10.0, gt=0, description="A dry run's prediction stops after this long (timed out)."
+    )
+    prediction_max_requests: int = Field(
+        2000, ge=1, description="A prediction replays at most this many recent requests."
+    )
     testing: bool = Field(False, description="Expose test-only routes (never in production).")
     log_level: str = "info"
     cors_allow_origins: str | None = Field(

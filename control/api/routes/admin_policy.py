@@ -82,12 +82,22 @@ def put_policy(
     if_match: IfMatchDep,
     actor: ActorDep,
     response: Response,
-    dry_run: Annotated[bool, Query(description="Validate and diff; store nothing.")] = False,
+    dry_run: Annotated[
+        bool,
+        Query(
+            description="Validate and diff; store nothing. The answer's `prediction` has the "
+            "simulator's figures for the current and this setting on the recorded traffic "
+            "(run in a separate process, capped in requests and time), or why there are none."
+        ),
+    ] = False,
 ) -> PolicyUpdateResult:
     try:
         result = runtime.store.update(session, update, actor, if_match, dry_run)
     except SettingsInvalid as exc:
         raise validation_error(exc, "body") from None
+    if dry_run and runtime.predictor is not None:
+        current = runtime.store.view(session).settings  # what the diff compares against
+        result.prediction = runtime.predictor.predict(runtime.arrivals, current, result.settings)
     response.headers["ETag"] = f'"{result.version}"'
     return result
 

@@ -1,0 +1,75 @@
+"""A bounded in-memory record of recent arrivals: what the what-if simulator replays.
+
+Only times and lengths are kept (never text or token ids): when a request arrived on the
+engine's clock, how many prompt tokens it had and how many it generated. The record is fed by
+the ``AsyncEngine``'s ``on_finished`` hook (so a request enters once its output length is
+known) and exported as the simulator's trace (``sim.trace``'s CSV) by ``GET /admin/trace.csv``.
+Requests that were aborted or failed are left out: their output length is not what the
+client asked for, so replaying it would predict a different load.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from engine.outputs import RequestOutput
+from sim.trace import TraceRequest
+
+DEFAULT_CAPACITY = 10_000
+"""Arrivals kept; the oldest are dropped first."""
+SKIPPED_REASONS = frozenset({"abort", "error"})
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    arrival_time: float
+    """On the engine's clock (monotonic seconds)."""
+    prompt_tokens: int
+    generated_tokens: int
+
+
+class ArrivalLog:
+    """Thread-safe ring of the last ``capacity`` finished requests' arrivals."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        self._arrivals: deque[Arrival] = deque(maxlen=capacity)
+        self._lock = threading.Lock()
+
+    @property
+    def capacity(self) -> int:
+        return self._arrivals.maxlen or 0
+
+    def __len__(self) -> int:
+        return len(self._arrivals)
+
+    def record(self, output: RequestOutput) -> None:
+        """The ``on_finished`` hook: keep a finished request's arrival and lengths."""
+        if output.finish_reason in SKIPPED_REASONS or not output.token_ids:
+            return
+        arrival = Arrival(
+            output.metrics.arrival_time, len(output.prompt_token_ids), len(output.token_ids)
+        )
+        with self._lock:
+            self._arrivals.append(arrival)
+
+    def trace(self, limit: int | None = None) -> list[TraceRequest]:
+        """The most recent ``limit`` arrivals (all when None) as a trace: ordered by arrival,
+        ``arrived_at`` in seconds after the first of them."""
+        with self._lock:
+            arrivals = list(self._arrivals)
+        arrivals.sort(key=lambda a: a.arrival_time)
+        if limit is not None:
+            arrivals = arrivals[-limit:] if limit > 0 else []
+        if not arrivals:
+            return []
+        start = arrivals[0].arrival_time
+        return [
+            TraceRequest(
+                arrived_at=a.arrival_time - start,
+                num_prefill_tokens=a.prompt_tokens,
+                num_decode_tokens=a.generated_tokens,
+            )
+            for a in arrivals
+        ]

@@ -1,0 +1,168 @@
+"""Predictions in the server: the arrival record, ``GET /admin/trace.csv`` and the dry run's
+``prediction`` (the simulator in a separate process), against real servers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from control.arrivals import ArrivalLog
+from control.prediction import TIMED_OUT, simulate_settings
+from control.schemas import PolicySettings
+from engine.config import EngineLimits
+from engine.outputs import RequestMetrics, RequestOutput
+from sim.trace import read_trace
+from tests.control.support import ADMIN, TOKEN, ServerProcess
+
+COST_MODEL = "a100-80g/llama3-8b"
+PROMPTS = ["Hello there", "The quick brown fox jumps over", "One two three four five six seven"]
+
+
+def output(arrival: float, prompt: int, generated: int, reason: str = "length") -> RequestOutput:
+    return RequestOutput(
+        request_id=f"r{arrival}",
+        prompt_token_ids=list(range(prompt)),
+        token_ids=list(range(generated)),
+        new_token_ids=[],
+        text="never kept",
+        text_delta="",
+        finish_reason=reason,
+        metrics=RequestMetrics(arrival_time=arrival),
+    )
+
+
+def test_arrival_log_keeps_times_and_lengths_bounded_and_ordered() -> None:
+    log = ArrivalLog(capacity=3)
+    log.record(output(100.0, 5, 2))
+    log.record(output(103.0, 7, 1, "abort"))  # aborted: not what the client asked for
+    log.record(output(104.0, 7, 0, "error"))
+    for arrival, prompt in ((102.5, 9), (101.0, 4), (103.5, 6)):
+        log.record(output(arrival, prompt, 3, "stop"))
+    assert len(log) == 3  # the oldest recorded (100.0) was dropped
+    trace = log.trace()
+    assert [(r.arrived_at, r.num_prefill_tokens, r.num_decode_tokens) for r in trace] == [
+        (0.0, 4, 3),
+        (1.5, 9, 3),
+        (2.5, 6, 3),
+    ]
+    assert [r.arrived_at for r in log.trace(limit=2)] == [0.0, 1.0]  # re-based on its first
+
+
+def complete(http: httpx.Client, prompt: str, max_tokens: int) -> dict[str, Any]:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+    response = http.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()["usage"]
+
+
+def dry_run(http: httpx.Client, **fields: Any) -> dict[str, Any]:
+    response = http.put(
+        "/admin/policy", params={"dry_run": "true"}, json={"reason": "what if", **fields},
+        headers=ADMIN,
+    )  # fmt: skip
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.fixture(scope="module")
+def predicting(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    server = ServerProcess(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("predicting"),
+        ["--admin-token", TOKEN, "--cost-model", COST_MODEL, "--prediction-timeout-s", "60"],
+        {},
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_dry_run_without_a_cost_model_says_why(client: httpx.Client) -> None:
+    prediction = dry_run(client, policy={"name": "dynamic"})["prediction"]
+    assert prediction["available"] is False
+    assert prediction["current"] is None and prediction["candidate"] is None
+    assert "no cost model" in prediction["reason"] and "--cost-model" in prediction["reason"]
+
+
+def test_trace_csv_needs_the_admin_token(client: httpx.Client) -> None:
+    assert client.get("/admin/trace.csv").status_code == 401
+
+
+def test_trace_round_trips_and_the_dry_run_predicts_both_settings(
+    predicting: ServerProcess, tmp_path: Path
+) -> None:
+    with predicting.client() as http:
+        before = dry_run(http, policy={"name": "dynamic"})["prediction"]
+        assert before["available"] is False and before["reason"] == (
+            "no prediction: no traffic recorded yet"
+        )
+        usages = [complete(http, p, n) for p, n in zip(PROMPTS, (4, 7, 5), strict=True)]
+        response = http.get("/admin/trace.csv", headers=ADMIN)
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/csv")
+        path = tmp_path / "trace.csv"
+        path.write_bytes(response.content)
+        trace = read_trace(path)
+        assert trace[0].arrived_at == 0.0
+        assert [r.arrived_at for r in trace] == sorted(r.arrived_at for r in trace)
+        assert sorted((r.num_prefill_tokens, r.num_decode_tokens) for r in trace) == sorted(
+            (u["prompt_tokens"], u["completion_tokens"]) for u in usages
+        )
+
+        result = dry_run(http, policy={"name": "dynamic"}, memory_reserve=0.2)
+        limits = EngineLimits(**{
+            k: v for k, v in http.get("/admin/policy/schema", headers=ADMIN).json()[
+                "engine_limits"].items() if k in EngineLimits.__dataclass_fields__
+        })  # fmt: skip
+        current = http.get("/admin/policy", headers=ADMIN).json()["settings"]
+    prediction = result["prediction"]
+    assert prediction["available"] is True, prediction
+    assert prediction["cost_model"] == COST_MODEL and prediction["trace_requests"] == 3
+    assert COST_MODEL in prediction["statement"] and "not measured" in prediction["statement"]
+    # The figures are the simulator's own on that trace, in this process for each setting.
+    expected = simulate_settings(
+        COST_MODEL,
+        trace,
+        limits,
+        [PolicySettings(**current), PolicySettings(**result["settings"])],
+        float("inf"),
+    )
+    for side, figures in zip(("current", "candidate"), expected, strict=True):
+        assert prediction[side] == pytest.approx(figures.model_dump()), side
+        assert prediction[side]["requests"] == 3
+        assert prediction[side]["output_tokens_per_s"] > 0
+        assert 0 < prediction[side]["ttft_p50_s"] <= prediction[side]["ttft_p99_s"]
+
+
+def test_a_prediction_past_its_time_limit_answers_timed_out(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    server = ServerProcess(
+        tiny_model_dir,
+        tmp_path,
+        ["--admin-token", TOKEN, "--cost-model", COST_MODEL, "--prediction-timeout-s", "0.001"],
+        {},
+    )
+    server.start()
+    try:
+        with server.client() as http:
+            complete(http, PROMPTS[0], 3)
+            prediction = dry_run(http, policy={"name": "dynamic"})["prediction"]
+            assert prediction == {
+                "available": False,
+                "reason": TIMED_OUT,
+                "cost_model": COST_MODEL,
+                "trace_requests": 1,
+                "statement": TIMED_OUT,
+                "current": None,
+                "candidate": None,
+            }
+            complete(http, PROMPTS[1], 3)  # the engine serves on
+    finally:
+        server.stop()
