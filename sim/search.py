@@ -24,7 +24,7 @@ from engine.stats import percentile
 from policies.base import PolicySpec
 from sim.cost_model import CostModel
 from sim.simulator import SimResult, SimSetup, simulate
-from sim.trace import TraceRequest
+from sim.trace import ARTICLE_INPUT, ARTICLE_OUTPUT, TraceRequest, poisson_trace
 
 METRICS = ("ttft", "tpot", "e2e")
 PADDED_POLICIES = ("static", "dynamic")
@@ -130,6 +130,19 @@ TraceAt = Callable[[float], Sequence[TraceRequest]]
 def scaled(base: Sequence[TraceRequest], base_rate: float = 1.0) -> TraceAt:
     """The trace at any rate from one drawn at ``base_rate``: gaps scaled, lengths kept."""
     return lambda rate: [replace(r, arrived_at=r.arrived_at * base_rate / rate) for r in base]
+
+
+def search_trace(
+    recorded: Sequence[TraceRequest] | None = None, n: int = 500, seed: int = 0
+) -> TraceAt:
+    """What the search makes denser: a recorded trace's own lengths and gaps (its mean rate
+    taken as the base), or ``n`` Poisson arrivals with the article's lengths."""
+    if recorded:
+        first = min(r.arrived_at for r in recorded)
+        base = [replace(r, arrived_at=r.arrived_at - first) for r in recorded]
+        span = max(r.arrived_at for r in base)
+        return scaled(base, (len(base) - 1) / span if span > 0 else 1.0)
+    return scaled(poisson_trace(1.0, n, ARTICLE_INPUT, ARTICLE_OUTPUT, seed))
 
 
 def max_rate(
