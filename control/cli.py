@@ -231,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
 
+    from bench.simulate import add_parser as add_simulate_parser
+
+    add_simulate_parser(sub)
+
     p = sub.add_parser("db", help="database maintenance")
     db_sub = p.add_subparsers(dest="db_command", required=True)
     p = db_sub.add_parser("upgrade", help="migrate the database to the newest schema")

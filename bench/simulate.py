@@ -1,0 +1,241 @@
+"""``servedeck simulate``: predict runs with the simulator and write them as ``servedeck bench``
+does (results.json in the bench's schema, report.md, plots), so a prediction reads like a
+measurement and sits beside one.
+
+A simulated run becomes a bench run through the bench's own pieces: its records and steps make
+a ``RunTrace`` (the cost-model runner wrapped in the bench's ``RecordingRunner`` for the padding
+split) that ``request_metrics`` and ``engine_metrics`` summarise. Times are the cost model's
+virtual seconds; ``engine_overhead`` is left empty (a cost model's step time includes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from bench import machine
+from bench.metrics import engine_metrics, kv_series, request_metrics, ttft_values
+from bench.presets import PRESETS, Preset
+from bench.recording import RecordingRunner
+from bench.report import render_document, write_outputs
+from bench.runner import RequestRecord, RunTrace
+from bench.suite import BenchOutput
+from engine.runner import Runner
+from sim.cost_model import CostModel
+from sim.models import load_cost_model
+from sim.simulator import SimResult, SimSetup, simulate
+from sim.trace import WORKLOADS, TraceRequest, read_trace, workload_trace
+
+DEFAULT_POLICIES = ("continuous", "dynamic")
+OVERHEAD_KEYS = ("engine_overhead", "engine_overhead_batch32", "step_wall_s")
+"""Bench keys about this machine's wall time: meaningless for a prediction, left empty."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimWorkload:
+    """A trace and how the report files it (bursts as the bench's ``burst-fixed`` suite)."""
+
+    name: str
+    suite: str
+    requests: list[TraceRequest]
+    rate: float | None = None
+
+    @property
+    def concurrency(self) -> int | None:
+        return len(self.requests) if self.suite == "burst" else None
+
+    @classmethod
+    def named(cls, name: str, seed: int = 0) -> SimWorkload:
+        requests = workload_trace(name, seed)
+        if name.startswith("article-"):
+            return cls("burst-fixed", "burst", requests)
+        span = requests[-1].arrived_at if len(requests) > 1 else 0.0
+        return cls(name, "poisson", requests, (len(requests) - 1) / span if span else None)
+
+    @classmethod
+    def from_file(cls, path: Path) -> SimWorkload:
+        return cls(path.stem, "trace", read_trace(path))
+
+
+def run_trace(result: SimResult, recorder: RecordingRunner, start: float) -> RunTrace:
+    """The simulated run as the bench's ``RunTrace`` (times on the virtual clock)."""
+    records = [RequestRecord(r.index, "", r.prompt_tokens, r.metrics) for r in result.records]
+    trace = RunTrace(records, result.steps, recorder.tokens, [], start, 0.0, 0.0, 0.0)
+    trace.end, trace.refused = start + result.duration_s, result.refused
+    return trace
+
+
+def run_result(
+    workload: SimWorkload,
+    policy: str,
+    result: SimResult,
+    trace: RunTrace,
+    preset: Preset,
+    wall_s: float,
+) -> dict[str, Any]:
+    """One prediction as a bench run (the keys ``bench.suite`` writes for a measured one)."""
+    setup_policy = result.policy
+    run: dict[str, Any] = {
+        "id": f"sim/{workload.name}/{workload.concurrency or len(workload.requests)}/{policy}",
+        "suite": workload.suite,
+        "policy": policy,
+        "policy_params": setup_policy.params if setup_policy else {},
+        "workload": workload.name,
+        "concurrency": workload.concurrency,
+        "num_requests": len(workload.requests),
+        "block_size": result.block_size,
+        "kv_pool_tokens": result.num_kv_blocks * result.block_size,
+        "rate": workload.rate,
+        "load": None,
+        "refused": result.refused,
+        "simulated": True,
+        "cost_model": result.cost_model,
+        "busy_s": result.busy_s,
+        "sim_wall_s": wall_s,
+    }
+    run |= request_metrics(trace.requests, result.duration_s, preset.slo)
+    run |= engine_metrics(trace)
+    run |= dict.fromkeys(OVERHEAD_KEYS)
+    simulated = run["prompt_tokens"] + run["output_tokens"]
+    run["sim_tokens_per_wall_s"] = simulated / wall_s if wall_s > 0 else None
+    run["us_per_seq_step"] = (
+        wall_s / sum(s.num_seqs for s in result.steps) * 1e6 if result.steps else None
+    )
+    return run
+
+
+def simulate_recorded(
+    requests: Sequence[TraceRequest], cost_model: CostModel, policy: str, setup: SimSetup
+) -> tuple[SimResult, RecordingRunner]:
+    """``simulate`` with the cost-model runner inside the bench's ``RecordingRunner``."""
+    recorders: list[RecordingRunner] = []
+
+    def wrap(runner: Runner) -> Runner:
+        recorders.append(RecordingRunner(runner))
+        return recorders[-1]
+
+    result = simulate(requests, cost_model, policy, setup, wrap_runner=wrap)
+    return result, recorders[0]
+
+
+def simulate_all(
+    workloads: Sequence[SimWorkload],
+    cost_model: CostModel,
+    policies: Sequence[str],
+    setup: SimSetup,
+    preset: Preset,
+) -> BenchOutput:
+    output = BenchOutput([], {}, [], None)
+    for workload in workloads:
+        for policy in policies:
+            started = time.perf_counter()
+            result, recorder = simulate_recorded(workload.requests, cost_model, policy, setup)
+            wall = time.perf_counter() - started
+            start = min((r.arrived_at for r in workload.requests), default=0.0)
+            trace = run_trace(result, recorder, start)
+            run = run_result(workload, policy, result, trace, preset, wall)
+            output.runs.append(run)
+            output.series[run["id"]] = {**kv_series(trace), "ttft": ttft_values(trace.requests)}
+            print(_summary(run), flush=True)
+    return output
+
+
+def _summary(run: dict[str, Any]) -> str:
+    def ms(key: str) -> str:
+        value = run.get(key)
+        return "-" if value is None else f"{value * 1e3:.0f} ms"
+
+    return (
+        f"{run['id']}: {run['output_throughput'] or 0:.0f} output tok/s, TTFT p50 "
+        f"{ms('ttft_p50')} p99 {ms('ttft_p99')}, KV utilization {run['kv_utilization'] or 0:.1%}, "
+        f"{run['preemptions']} preemptions (simulated in {run['sim_wall_s']:.1f} s)"
+    )
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "simulate",
+        help="predict policies on a trace with a cost model; writes results.json, report, plots",
+    )
+    p.add_argument("--profile", required=True, help="gpu/model (a100-80g/llama3-8b) or a JSON file")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", type=Path, help="CSV: arrived_at,num_prefill_tokens,...")
+    source.add_argument(
+        "--workload", help=f"comma-separated: {', '.join(WORKLOADS)} (or article-N, poisson-RATE)"
+    )
+    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated")
+    p.add_argument("--out", type=Path, help="output folder (default bench/results/sim-<profile>)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the named workloads")
+    p.add_argument("--no-plots", action="store_true")
+    defaults = SimSetup()
+    for knob in ("block_size", "max_num_seqs", "max_num_batched_tokens", "num_kv_blocks"):
+        p.add_argument(f"--{knob.replace('_', '-')}", type=int, default=getattr(defaults, knob))
+    p.add_argument("--memory-reserve", type=float, default=defaults.memory_reserve)
+    p.set_defaults(func=main)
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    cost_model = load_cost_model(args.profile)
+    if args.trace:
+        workloads = [SimWorkload.from_file(args.trace)]
+    else:
+        workloads = [SimWorkload.named(n.strip(), args.seed) for n in args.workload.split(",")]
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    setup = SimSetup(
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        num_kv_blocks=args.num_kv_blocks,
+        memory_reserve=args.memory_reserve,
+    )
+    bursts = sorted({w.concurrency for w in workloads if w.concurrency})
+    preset = replace(
+        PRESETS["seed"],
+        name=f"simulated {cost_model.name}",
+        concurrencies=tuple(bursts) or (len(workloads[0].requests),),
+        kv_tokens=0,
+        policies=tuple(policies),
+    )
+    output = simulate_all(workloads, cost_model, policies, setup, preset)
+    if output.runs:
+        preset = replace(preset, kv_tokens=output.runs[0]["kv_pool_tokens"])
+    info = machine.describe(1, f"simulated: {cost_model.name}")
+    info = machine.finish(info, time.perf_counter() - started)
+    info["cost_model"] = cost_model.name
+    out = args.out or Path("bench") / "results" / f"sim-{cost_model.name.replace('/', '-')}"
+    command = command_line(args)
+    paths = write_outputs(out, preset, info, output, not args.no_plots, command)
+    render_document(out / "results.json", out / "report.md", command, notes(cost_model))
+    for path in paths:
+        print(path)
+    return 0
+
+
+def notes(cost_model: CostModel) -> str:
+    return (
+        f"**A prediction, not a measurement.** Every figure below comes from the simulator: "
+        f"the real engine, policies and block manager stepping on a virtual clock, each step "
+        f"timed by the cost model `{cost_model.name}` (sim/). The machine lines above describe "
+        "the computer that ran the simulation, not the one predicted; engine overhead is part "
+        "of the cost model's step time and is not reported apart."
+    )
+
+
+def command_line(args: argparse.Namespace) -> str:
+    source = f"--trace {args.trace}" if args.trace else f"--workload {args.workload}"
+    return f"servedeck simulate --profile {args.profile} {source} --policies {args.policies}"
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = argparse.ArgumentParser(prog="servedeck simulate")
+    sub = parser.add_subparsers()
+    add_parser(sub)
+    return main(parser.parse_args(["simulate", *(argv or [])]))
