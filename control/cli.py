@@ -181,6 +181,30 @@ def cmd_tui(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from engine.checkpoint import default_model_dir
+    from engine.config import EngineConfig
+    from sim.calibrate import DEFAULT_GRID, QUICK_GRID, calibrate, write
+
+    config = EngineConfig(
+        model=str(args.model or default_model_dir()),
+        device=args.device,
+        dtype=args.dtype or ("float32" if args.device == "cpu" else "bfloat16"),
+        num_threads=args.threads,
+    )
+    grid = QUICK_GRID if args.quick else DEFAULT_GRID
+    print(f"calibrating {config.model}: {len(grid)} step shapes x {args.repeats} repeats")
+    data = calibrate(config, grid, args.repeats, progress=print)
+    path = write(args.out, data)
+    fit = data["fit"]
+    print(
+        f"wrote {path}: mean |error| {fit['mean_abs_rel_error']:.1%}, "
+        f"max {fit['max_abs_rel_error']:.1%}; "
+        + ", ".join(f"{k}={v:.3g}" for k, v in fit["coefficients"].items())
+    )
+    return 0
+
+
 def _local_admin_token(db: str | None) -> str | None:
     """The token a local ``servedeck serve`` saved beside its database, if there is one."""
     from control.core.config import Settings
@@ -227,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--read-only", action="store_true", help="hide every action that changes")
     p.set_defaults(func=cmd_tui)
 
+    from bench.cli import DEFAULT_THREADS
     from bench.cli import add_parser as add_bench_parser
 
     add_bench_parser(sub)
@@ -234,6 +259,18 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.simulate import add_parser as add_simulate_parser
 
     add_simulate_parser(sub)
+
+    p = sub.add_parser("calibrate", help="fit a step cost model to this engine on this machine")
+    p.add_argument("--model", help="Hugging Face model folder (default: the embedded small)")
+    p.add_argument(
+        "--threads", type=int, default=DEFAULT_THREADS, help="torch threads (default: bench's)"
+    )
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--dtype", help="default: float32 on CPU, bfloat16 on GPU")
+    p.add_argument("--repeats", type=int, default=5, help="timings per step shape (median)")
+    p.add_argument("--quick", action="store_true", help="a small grid (seconds, for tests)")
+    p.add_argument("--out", required=True, help="calibration JSON to write")
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("db", help="database maintenance")
     db_sub = p.add_subparsers(dest="db_command", required=True)

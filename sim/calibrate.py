@@ -1,0 +1,207 @@
+"""``servedeck calibrate``: time this engine's real ModelRunner over a grid of step shapes and
+fit a ``CalibratedModel`` (sim/calibrated.py) to the medians.
+
+Each grid point is one step built by hand (sequences with block tables over a private KV
+pool, no policy, no BlockManager) and run through ``ModelRunner.execute``: the same packing,
+forward and sampling the engine runs. The timed span is ``execute`` as the engine calls it, so
+the fit predicts the runner's part of a step; the policy's and the engine's own bookkeeping
+(microseconds per sequence) are not in it. Repeats go round the whole grid, point after point,
+so a slow spell of this shared machine spreads over every point instead of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.batch import ScheduledBatch, ScheduledSeq
+from engine.builder import build_runner, load_bundle
+from engine.config import CPU_KV_CACHE_BYTES, EngineConfig
+from engine.kv_cache import kv_bytes_per_block
+from engine.runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+from sim.calibrated import FEATURES, FORMAT, fit
+from sim.cost_model import StepShape
+
+
+@dataclass(frozen=True, slots=True)
+class GridPoint:
+    """One step: prefill chunks ``(new tokens, cached context)`` and decode rows (context)."""
+
+    prefill: tuple[tuple[int, int], ...] = ()
+    decode: tuple[int, ...] = ()
+
+    @property
+    def shape(self) -> StepShape:
+        return StepShape(
+            tuple(t for t, _ in self.prefill), tuple(c for _, c in self.prefill), self.decode
+        )
+
+    @property
+    def num_slots(self) -> int:
+        return sum(t + c for t, c in self.prefill) + sum(self.decode)
+
+
+def _grid(prefill: list[int], contexts: list[int], rows: list[int], decode_ctx: list[int],
+          mixed: list[GridPoint]) -> tuple[GridPoint, ...]:  # fmt: skip
+    points = [GridPoint(prefill=((t, c),)) for t in prefill for c in contexts]
+    points += [GridPoint(decode=(c,) * n) for n in rows for c in decode_ctx]
+    return tuple(points + mixed)
+
+
+QUICK_GRID = _grid(
+    [16, 64, 160],
+    [0, 96],
+    [1, 4, 12],
+    [32, 160],
+    [GridPoint(((48, 0),), (64,) * 4), GridPoint(((32, 0), (32, 32)), (96,) * 2)],
+)
+"""Seconds on the tiny model: for tests."""
+
+DEFAULT_GRID = _grid(
+    [32, 128, 512],
+    [0, 512],
+    [1, 8, 32, 96],
+    [64, 512],
+    [
+        GridPoint(((128, 0),) * 16),
+        GridPoint(((64, 0),) * 8, (128,) * 8),
+        GridPoint(((256, 0),), (256,) * 16),
+        GridPoint(((512, 512),), (512,) * 4),
+        GridPoint(((64, 128),), (128,) * 48),
+    ],
+)
+"""The grid a plain ``servedeck calibrate`` times (a few minutes for ``small`` on 2 cores):
+the bench ``cpu`` preset's shapes (short prompts, up to 2,048-token multi-chunk prefills,
+decode batches to 96 rows) and longer contexts."""
+
+
+class StepBench:
+    """Builds each grid point's batch over a private KV pool and times ``execute``."""
+
+    def __init__(self, runner: ModelRunner, block_size: int, vocab_size: int) -> None:
+        self.runner = runner
+        self.block_size = block_size
+        self.vocab_size = vocab_size
+        self._params = SamplingParams(max_tokens=1, temperature=0.0)
+
+    def _seq(self, index: int, num_tokens: int, computed: int, first_block: int) -> Sequence:
+        ids = [(7 * index + 13 * i) % (self.vocab_size - 1) + 1 for i in range(num_tokens)]
+        seq = Sequence(f"cal-{index}", ids, self._params, arrival_time=0.0)
+        seq.num_computed_tokens = computed
+        num_blocks = -(-num_tokens // self.block_size)
+        seq.block_table = list(range(first_block, first_block + num_blocks))
+        return seq
+
+    def batch(self, point: GridPoint) -> ScheduledBatch:
+        entries: list[ScheduledSeq] = []
+        block = 0
+        for new, cached in point.prefill:
+            seq = self._seq(len(entries), cached + new, cached, block)
+            block += len(seq.block_table)
+            entries.append(ScheduledSeq(seq, new))
+        for context in point.decode:
+            seq = self._seq(len(entries), context, context - 1, block)
+            block += len(seq.block_table)
+            entries.append(ScheduledSeq(seq, 1))
+        return ScheduledBatch(entries)
+
+    def time(self, point: GridPoint) -> float:
+        batch = self.batch(point)
+        started = time.perf_counter()
+        self.runner.execute(batch)
+        return time.perf_counter() - started
+
+
+def measure(
+    bench: StepBench,
+    grid: tuple[GridPoint, ...],
+    repeats: int,
+    progress: Callable[[str], None] | None = None,
+) -> list[list[float]]:
+    """``repeats`` timings per point, taken round after round over the grid (one untimed
+    warm-up round first)."""
+    for point in grid:
+        bench.time(point)
+    samples: list[list[float]] = [[] for _ in grid]
+    for r in range(repeats):
+        for i, point in enumerate(grid):
+            samples[i].append(bench.time(point))
+        if progress:
+            progress(f"round {r + 1}/{repeats} done")
+    return samples
+
+
+def calibrate(
+    config: EngineConfig,
+    grid: tuple[GridPoint, ...] = DEFAULT_GRID,
+    repeats: int = 5,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Time ``grid`` on the model ``config.model`` and return the calibration file's data."""
+    bundle = load_bundle(config)
+    mc = bundle.config
+    dtype = getattr(torch, config.dtype)
+    per_block = kv_bytes_per_block(
+        mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim, dtype
+    )
+    needed = max(-(-p.num_slots // config.block_size) + len(p.shape.decode_context) +
+                 len(p.prefill) for p in grid)  # fmt: skip
+    runner, _ = build_runner(bundle, replace(config, num_kv_blocks=needed))
+    kv_bytes = CPU_KV_CACHE_BYTES
+    if config.device.startswith("cuda"):  # size the pool as the engine would, then record it
+        del runner
+        runner, limits = build_runner(bundle, replace(config, num_kv_blocks=None))
+        kv_bytes = limits.num_kv_blocks * per_block
+    bench = StepBench(runner, config.block_size, mc.vocab_size)
+    started, load_start = time.perf_counter(), os.getloadavg()[0]
+    samples = measure(bench, grid, repeats, progress)
+    medians = [statistics.median(s) for s in samples]
+    result = fit([p.shape for p in grid], medians)
+    model = {"num_parameters": sum(p.numel() for p in bundle.model.parameters())}
+    model |= {k: getattr(mc, k) for k in ("num_hidden_layers", "hidden_size", "vocab_size")}
+    return {
+        "format": FORMAT,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "model": {"path": str(config.model), **model},
+        "machine": {
+            "device": config.device,
+            "dtype": config.dtype,
+            "threads": torch.get_num_threads(),
+            "cpu": platform.processor() or platform.machine(),
+            "torch": torch.__version__,
+        },
+        "block_size": config.block_size,
+        "kv_cache": {"bytes": kv_bytes, "bytes_per_token": per_block // config.block_size},
+        "repeats": repeats,
+        "load_average": {"start": load_start, "end": os.getloadavg()[0]},
+        "measure_s": round(time.perf_counter() - started, 2),
+        "fit": {
+            "features": list(FEATURES),
+            "coefficients": result.coefficients,
+            "mean_abs_rel_error": result.mean_abs_rel_error,
+            "max_abs_rel_error": result.max_abs_rel_error,
+        },
+        "grid": [
+            {**asdict(p.shape), "median_s": m, "min_s": min(s), "samples_s": s}
+            for p, m, s in zip(grid, medians, samples, strict=True)
+        ],
+    }
+
+
+def write(path: str | Path, data: dict[str, Any]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
