@@ -176,6 +176,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     for knob in ("block_size", "max_num_seqs", "max_num_batched_tokens", "num_kv_blocks"):
         p.add_argument(f"--{knob.replace('_', '-')}", type=int, default=getattr(defaults, knob))
     p.add_argument("--memory-reserve", type=float, default=defaults.memory_reserve)
+    add_search_flags(p)
     p.set_defaults(func=main)
     return p
 
@@ -195,6 +196,8 @@ def main(args: argparse.Namespace) -> int:
         num_kv_blocks=args.num_kv_blocks,
         memory_reserve=args.memory_reserve,
     )
+    if args.search:
+        return search_main(args, cost_model, workloads[0].requests, policies, setup)
     bursts = sorted({w.concurrency for w in workloads if w.concurrency})
     preset = replace(
         PRESETS["seed"],
@@ -215,6 +218,36 @@ def main(args: argparse.Namespace) -> int:
     render_document(out / "results.json", out / "report.md", command, notes(cost_model))
     for path in paths:
         print(path)
+    return 0
+
+
+def add_search_flags(p: argparse.ArgumentParser) -> None:
+    """``--search``: capacity search (sim/search.py) instead of one run per policy."""
+    p.add_argument("--search", action="store_true", help="find each policy's highest rate")
+    p.add_argument("--slo", default="ttft_p99=2s,tpot_p99=100ms", help="e.g. ttft_p99=500ms,...")
+    p.add_argument("--search-requests", type=int, default=500, help="trace size per probe")
+    for knob in ("max_num_seqs", "max_num_batched_tokens", "memory_reserve"):
+        flag = f"--search-{knob.replace('_', '-')}"
+        p.add_argument(flag, help=f"comma-separated {knob} values to try (default: a small grid)")
+
+
+def search_main(
+    args: argparse.Namespace,
+    cost_model: CostModel,
+    requests: list[TraceRequest],
+    policies: list[str],
+    setup: SimSetup,
+) -> int:
+    """The workload's lengths and gaps made denser per rate until the SLO breaks."""
+    from sim.search import Grid, Slo, format_search, search, search_trace
+
+    grid = Grid.of(
+        max_num_seqs=args.search_max_num_seqs,
+        max_num_batched_tokens=args.search_max_num_batched_tokens,
+        memory_reserve=args.search_memory_reserve,
+    )
+    trace_at = search_trace(requests, args.search_requests)
+    print(format_search(search(trace_at, cost_model, policies, Slo.parse(args.slo), grid, setup)))
     return 0
 
 

@@ -135,10 +135,12 @@ def scaled(base: Sequence[TraceRequest], base_rate: float = 1.0) -> TraceAt:
 def search_trace(
     recorded: Sequence[TraceRequest] | None = None, n: int = 500, seed: int = 0
 ) -> TraceAt:
-    """What the search makes denser: a recorded trace's own lengths and gaps (its mean rate
-    taken as the base), or ``n`` Poisson arrivals with the article's lengths."""
+    """What the search makes denser: a recorded trace's own lengths and gaps (its first ``n``
+    requests; its mean rate taken as the base), or ``n`` Poisson arrivals with the article's
+    lengths."""
     if recorded:
-        first = min(r.arrived_at for r in recorded)
+        recorded = sorted(recorded, key=lambda r: r.arrived_at)[:n]
+        first = recorded[0].arrived_at
         base = [replace(r, arrived_at=r.arrived_at - first) for r in recorded]
         span = max(r.arrived_at for r in base)
         return scaled(base, (len(base) - 1) / span if span > 0 else 1.0)
@@ -188,6 +190,16 @@ class Grid:
     max_num_seqs: tuple[int, ...] = (64, 256)
     max_num_batched_tokens: tuple[int, ...] = (2048, 8192)
     memory_reserve: tuple[float, ...] = (0.0, 0.10)
+
+    @classmethod
+    def of(cls, **lists: str | None) -> Grid:
+        """From comma-separated values per field (``max_num_seqs="64,256"``); None: default."""
+        grid = cls()
+        for name, text in lists.items():
+            if text:
+                kind = float if name == "memory_reserve" else int
+                grid = replace(grid, **{name: tuple(kind(v) for v in text.split(",") if v.strip())})
+        return grid
 
     def settings(self, base: SimSetup) -> list[SimSetup]:
         combos = itertools.product(

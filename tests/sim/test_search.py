@@ -4,13 +4,15 @@ token and per step) on which a single-slot engine is a queue whose capacity is 1
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
+from bench.simulate import run
 from sim.cost_model import CostModel, StepShape
 from sim.search import Grid, Slo, format_search, judge, max_rate, scaled, search, search_trace
 from sim.simulator import SimSetup, simulate
-from sim.trace import TraceRequest, Uniform, poisson_trace
+from sim.trace import TraceRequest, Uniform, poisson_trace, write_trace
 
 PROMPT, OUTPUT, N = 100, 11, 100
 PER_TOKEN = 1e-3
@@ -132,3 +134,26 @@ def test_a_recorded_trace_keeps_its_lengths_and_is_made_denser() -> None:
     assert [r.arrived_at * 3 for r in poisson(3.0)] == pytest.approx(
         [r.arrived_at for r in poisson(1.0)]
     )
+
+
+def test_grid_of_comma_separated_values() -> None:
+    grid = Grid.of(max_num_seqs="8, 32", memory_reserve="0,0.2", max_num_batched_tokens=None)
+    assert (grid.max_num_seqs, grid.memory_reserve) == ((8, 32), (0.0, 0.2))
+    assert grid.max_num_batched_tokens == Grid().max_num_batched_tokens
+    assert len(grid.settings(SimSetup())) == 2 * 2 * len(Grid().max_num_batched_tokens)
+
+
+def test_servedeck_simulate_search_prints_the_recommended_setting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "recorded.csv"
+    write_trace(path, [TraceRequest(i * 0.5, 500 + 50 * i, 20) for i in range(30)])
+    argv = ["--profile", "a100-80g/llama3-8b", "--trace", str(path), "--policies", "continuous"]
+    argv += ["--search", "--slo", "ttft_p99=400ms", "--search-requests", "20"]
+    argv += ["--search-max-num-seqs", "4,16", "--search-max-num-batched-tokens", "2048"]
+    assert run([*argv, "--search-memory-reserve", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "SLO ttft_p99=400ms on a100-80g/llama3-8b (predicted, not measured)" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("continuous ")]
+    assert [row[1] for row in rows] == ["4", "16"] and all(float(row[4]) > 0 for row in rows)
+    assert "continuous: " in out.split("recommended:")[1]
