@@ -31,7 +31,7 @@ from sim.trace import TraceRequest
 log = logging.getLogger(__name__)
 
 TIMED_OUT = "no prediction: timed out"
-RESULT_GRACE_S = 0.5
+RESULT_GRACE_S = 0.25
 """How long past the deadline the server waits for the worker to report that it stopped."""
 
 
@@ -79,11 +79,14 @@ def simulate_settings(
     deadline: float,
 ) -> list[SettingPrediction]:
     """In the worker: simulate ``trace`` once per setting and summarise each run."""
+    from sim.calibrated import CalibratedModel
     from sim.simulator import SimSetup, simulate
 
-    model = _Deadline(_cost_model(spec), deadline)
-    # A profile of another machine sizes its own pool; a model of this one keeps the server's.
-    blocks = None if model.kv_cache_blocks(limits.block_size) else limits.num_kv_blocks
+    inner = _cost_model(spec)
+    model = _Deadline(inner, deadline)
+    # A calibration is of this machine: the server's own pool (its --num-kv-blocks) is the
+    # truth. A profile of another GPU sizes the pool a real engine would have there.
+    blocks = limits.num_kv_blocks if isinstance(inner, CalibratedModel) else None
     predictions = []
     for setting in settings:
         setup = SimSetup(

@@ -102,11 +102,13 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
         description="Cost model dry runs predict with: a profile (gpu/model, e.g. "
         "a100-80g/llama3-8b) or a calibration file (servedeck calibrate); none: no prediction.",
     )
+    # The console waits 3 s for a dry run (tui.client's timeout), so a prediction's default
+    # limit stays under it; 1000 short requests under two settings take ~1.7 s here.
     prediction_timeout_s: float = Field(
-        10.0, gt=0, description="A dry run's prediction stops after this long (timed out)."
+        2.0, gt=0, description="A dry run's prediction stops after this long (timed out)."
     )
     prediction_max_requests: int = Field(
-        2000, ge=1, description="A prediction replays at most this many recent requests."
+        1000, ge=1, description="A prediction replays at most this many recent requests."
     )
     testing: bool = Field(False, description="Expose test-only routes (never in production).")
     log_level: str = "info"

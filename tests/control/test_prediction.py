@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from textual.widgets import Input, Select, Static
 
 from control.arrivals import ArrivalLog
 from control.prediction import TIMED_OUT, simulate_settings
@@ -17,6 +18,9 @@ from engine.config import EngineLimits
 from engine.outputs import RequestMetrics, RequestOutput
 from sim.trace import read_trace
 from tests.control.support import ADMIN, TOKEN, ServerProcess
+from tests.tui.conftest import poll_times, quiet_settings, wait_for
+from tui.app import ConsoleApp
+from tui.screens.policy_editor import PolicyEditorScreen
 
 COST_MODEL = "a100-80g/llama3-8b"
 PROMPTS = ["Hello there", "The quick brown fox jumps over", "One two three four five six seven"]
@@ -138,6 +142,36 @@ def test_trace_round_trips_and_the_dry_run_predicts_both_settings(
         assert prediction[side]["requests"] == 3
         assert prediction[side]["output_tokens_per_s"] > 0
         assert 0 < prediction[side]["ttft_p50_s"] <= prediction[side]["ttft_p99_s"]
+
+
+async def test_the_console_editor_shows_the_prediction_before_apply(
+    predicting: ServerProcess,
+) -> None:
+    with predicting.client() as http:
+        complete(http, PROMPTS[2], 4)
+    app = ConsoleApp(quiet_settings(url=predicting.url, token=TOKEN))  # its 3 s timeout
+    async with app.run_test(size=(140, 50)) as pilot:
+        await poll_times(pilot, app, 1)
+        await pilot.press("e")
+        await wait_for(pilot, lambda: isinstance(app.screen, PolicyEditorScreen), what="editor")
+        editor = app.screen
+        assert isinstance(editor, PolicyEditorScreen)
+        editor.query_one("#policy-name", Select).value = "dynamic"
+        editor.query_one("#reason", Input).value = "what if"
+        await pilot.pause()
+        editor.action_dry_run()
+        panel = editor.query_one("#editor-diff", Static)
+        await wait_for(pilot, lambda: "candidate" in str(panel.render()), 30.0, "prediction")
+        shown = str(panel.render())
+    assert "policy.name" in shown  # the diff, and below it the prediction
+    assert COST_MODEL in shown and "not measured" in shown
+    rows = [line for line in shown.splitlines() if line.startswith(("output", "TTFT", "TPOT"))]
+    assert [row.rsplit(maxsplit=2)[0] for row in rows] == [
+        "output tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms"
+    ]  # fmt: skip
+    for row in rows:  # figures on both sides, never a placeholder
+        now, then = row.split()[-2:]
+        assert float(now) > 0 and float(then) > 0, shown
 
 
 def test_a_prediction_past_its_time_limit_answers_timed_out(

@@ -42,6 +42,57 @@ def _show(value: Any) -> str:
     return "default" if value is None else str(value)
 
 
+PREDICTED = (
+    ("output tok/s", "output_tokens_per_s", 1.0, "{:.1f}"),
+    ("TTFT p50 ms", "ttft_p50_s", 1000.0, "{:.0f}"),
+    ("TTFT p99 ms", "ttft_p99_s", 1000.0, "{:.0f}"),
+    ("TPOT p50 ms", "tpot_p50_s", 1000.0, "{:.1f}"),
+)
+"""The dry run's predicted figures: label, field, scale, format."""
+
+
+def prediction_content(prediction: dict[str, Any] | None) -> Content:
+    """The server's ``prediction`` of a dry run: current vs candidate, stated as a prediction
+    with its model; or why there is none. Nothing for a server without predictions."""
+    if not prediction:
+        return Content("")
+    if not prediction.get("available"):
+        return Content.styled(str(prediction.get("reason") or "no prediction"), "$text-warning")
+    current, candidate = prediction.get("current") or {}, prediction.get("candidate") or {}
+
+    def figure(side: dict[str, Any], field: str, scale: float, fmt: str) -> str:
+        value = side.get(field)
+        return "—" if value is None else fmt.format(value * scale)
+
+    rows = [
+        Content.assemble(
+            (f"{label:<13}", "bold"),
+            f"{figure(current, field, scale, fmt):>10}",
+            (f"{figure(candidate, field, scale, fmt):>11}", "$text-success"),
+        )
+        for label, field, scale, fmt in PREDICTED
+    ]
+    return Content("\n").join(
+        [
+            Content.styled(str(prediction.get("statement", "")), "$text-muted"),
+            Content.assemble((f"{'':<13}", "bold"), f"{'current':>10}", f"{'candidate':>11}"),
+            *rows,
+        ]
+    )
+
+
+def dry_run_content(diff: list[FieldChange], prediction: dict[str, Any] | None) -> Content:
+    shown = prediction_content(prediction)
+    return Content("\n\n").join([diff_content(diff), shown]) if shown else diff_content(diff)
+
+
+def prediction_of(result: PolicyUpdateResult) -> dict[str, Any] | None:
+    """The dry run's ``prediction`` (kept by the lenient model as an extra field)."""
+    extra = result.model_extra or {}
+    prediction = extra.get("prediction")
+    return prediction if isinstance(prediction, dict) else None
+
+
 class PolicyEditorScreen(ConsoleScreen):
     COMMAND_SCOPE = "editor"
 
@@ -52,6 +103,7 @@ class PolicyEditorScreen(ConsoleScreen):
         self.chosen = view.settings.policy.name
         self._message = Content("")
         self._diff: list[FieldChange] | None = None
+        self._prediction: dict[str, Any] | None = None
 
     # -- layout -------------------------------------------------------------------------
 
@@ -97,7 +149,8 @@ class PolicyEditorScreen(ConsoleScreen):
                 effective.border_title = "Active now"
                 yield effective
                 diff = Static(
-                    diff_content(self._diff) if self._diff is not None else "", id="editor-diff"
+                    dry_run_content(self._diff, self._prediction) if self._diff is not None else "",
+                    id="editor-diff",
                 )
                 diff.border_title = "Dry-run diff"
                 yield diff
@@ -158,10 +211,12 @@ class PolicyEditorScreen(ConsoleScreen):
         if self.is_mounted:
             self.query_one("#editor-message", Static).update(self._message)
 
-    def show_diff(self, diff: list[FieldChange] | None) -> None:
-        self._diff = diff
+    def show_diff(
+        self, diff: list[FieldChange] | None, prediction: dict[str, Any] | None = None
+    ) -> None:
+        self._diff, self._prediction = diff, prediction
         self.query_one("#editor-diff", Static).update(
-            diff_content(diff) if diff is not None else ""
+            dry_run_content(diff, prediction) if diff is not None else ""
         )
 
     def _reason_error(self, message: str) -> None:
@@ -255,7 +310,7 @@ class PolicyEditorScreen(ConsoleScreen):
             return None
         result = await self._send(update, dry_run=True)
         if result is not None:
-            self.show_diff(result.diff)
+            self.show_diff(result.diff, prediction_of(result))
             changes = len(result.diff)
             self.say(
                 f"Dry run passed: {changes} change(s) against version {self.view.version}."
@@ -272,7 +327,7 @@ class PolicyEditorScreen(ConsoleScreen):
         reason = await self.app.push_screen_wait(
             ConfirmScreen(
                 f"Apply as a new version after {self.view.version}?",
-                diff_content(preview.diff),
+                dry_run_content(preview.diff, prediction_of(preview)),
                 "Apply",
             )
         )
@@ -297,7 +352,7 @@ class PolicyEditorScreen(ConsoleScreen):
             self.say(f"Could not reload: {exc}", "$text-error")
             return
         self.schema, self.view, self.chosen = schema, view, view.settings.policy.name
-        self._diff = None
+        self._diff, self._prediction = None, None
         if not keep_message:
             self._message = Content.styled(f"Reloaded version {view.version}.", "$text-success")
         await self.recompose()
