@@ -342,6 +342,19 @@ class BlockManager:
         self._extend(table, self.blocks_for(num_tokens))
         return len(hits) * self.block_size
 
+    def _writable(self, seq_id: str, start: int, end: int) -> bool:
+        """Whether slots ``[start, end)`` are already held and unshared (growing changes
+        nothing). O(blocks written), so a decode checks one block."""
+        table = self._tables[seq_id]
+        size = self.block_size
+        if end > len(table) * size:
+            return False
+        ref_count = self._ref_count
+        first, last = start // size, (end - 1) // size
+        if first == last:
+            return ref_count[table[first]] <= 1
+        return all(ref_count[table[j]] <= 1 for j in range(first, last + 1))
+
     def _grow(self, seq_id: str, start: int, end: int, swaps: list[tuple[int, int, int]]) -> bool:
         table = self._tables[seq_id]
         size = self.block_size
@@ -399,8 +412,11 @@ class BlockManager:
     def _store(self, seq_id: str, start: int, end: int) -> None:
         table = self._tables[seq_id]
         size = self.block_size
-        for j in range(start // size, self.blocks_for(end)):
-            self._fill[table[j]] = min(size, end - j * size)
+        fill = self._fill
+        last = (end - 1) // size
+        for j in range(start // size, last):
+            fill[table[j]] = size
+        fill[table[last]] = end - last * size
         self._live_tokens += end - start
 
     def _restore(self, seq_id: str, before: _Before, swaps: list[tuple[int, int, int]]) -> None:
@@ -517,6 +533,10 @@ class StepChanges:
     def grow(self, seq_id: str, start: int, end: int) -> bool:
         """Make slots ``[start, end)`` writable: add blocks, copy shared ones (copy-on-write).
         May take reserve blocks. Returns False, changing nothing, when the pool is too empty."""
+        if self._m._writable(seq_id, start, end):
+            if self._m._step is not self:
+                self._check_open()  # raises
+            return True  # nothing to change (most decodes): the step need not record it
         self._touch(seq_id)
         swaps: list[tuple[int, int, int]] = []
         grown = self._m._grow(seq_id, start, end, swaps)
@@ -529,6 +549,11 @@ class StepChanges:
         """Publish the full blocks among the first ``num_tokens`` for prefix sharing, when
         the step that computes them is scheduled: requests admitted later in the same step
         already share them (every layer writes the step's K/V before it attends)."""
+        m = self._m
+        if not m.enable_prefix_caching or num_tokens // m.block_size <= len(m._chains[seq_id]):
+            if m._step is not self:
+                self._check_open()  # raises
+            return  # no new full block (most decodes)
         self._touch(seq_id)
         published = self._m._register(seq_id, token_ids, num_tokens)
         if published:
