@@ -29,14 +29,15 @@ class ScheduledSeq:
     sample: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.num_new_tokens == 0:
+        seq, num_new = self.seq, self.num_new_tokens  # hot: once per sequence per step
+        uncomputed = len(seq.token_ids) - seq.num_computed_tokens
+        if num_new == 0:
             self.kind = "pad"
-        elif self.seq.num_uncomputed_tokens == 1:
+        elif uncomputed == 1:
             self.kind = "decode"
         else:
             self.kind = "prefill"
-        reaches_end = self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
-        self.sample = self.num_new_tokens > 0 and reaches_end
+        self.sample = num_new > 0 and num_new == uncomputed
 
     @property
     def query_len(self) -> int:
@@ -77,6 +78,18 @@ class ScheduledBatch:
     def num_computed_tokens(self) -> int:
         return sum(e.num_new_tokens + e.num_pad_tokens for e in self.entries)
 
+    def token_counts(self) -> tuple[int, int, int]:
+        """``(num_prefill_tokens, num_decode_tokens, num_padded_tokens)`` in one pass (the
+        engine reads all three every step)."""
+        prefill = decode = padded = 0
+        for e in self.entries:
+            if e.kind == "prefill":
+                prefill += e.num_new_tokens
+            elif e.kind == "decode":
+                decode += e.num_new_tokens
+            padded += e.num_pad_tokens
+        return prefill, decode, padded
+
 
 FAILED_TOKEN = -1
 """The placeholder in ``StepResult.token_ids`` for a row whose sampling failed."""
@@ -105,9 +118,13 @@ class StepInfo:
     MAX_IDS = 5
 
     @classmethod
-    def of(cls, number: int, batch: ScheduledBatch) -> StepInfo:
+    def of(
+        cls, number: int, batch: ScheduledBatch, counts: tuple[int, int, int] | None = None
+    ) -> StepInfo:
+        """``counts``: the batch's ``token_counts()`` when the caller has them already."""
+        prefill, decode, _ = counts or batch.token_counts()
         ids = tuple(e.seq.seq_id for e in batch.entries[: cls.MAX_IDS])
-        return cls(number, batch.num_seqs, batch.num_prefill_tokens, batch.num_decode_tokens, ids)
+        return cls(number, len(batch.entries), prefill, decode, ids)
 
     def describe(self) -> str:
         more = self.num_seqs - len(self.request_ids)

@@ -195,7 +195,8 @@ class LLMEngine:
                 for entry in batch.entries:
                     if entry.seq.first_scheduled_time is None:
                         entry.seq.first_scheduled_time = now
-                self.current_step = StepInfo.of(self.stats.num_steps + 1, batch)
+                counts = batch.token_counts()
+                self.current_step = StepInfo.of(self.stats.num_steps + 1, batch, counts)
                 result = self.runner.execute(batch)
             except BaseException:
                 self._roll_back(changes)
@@ -206,23 +207,27 @@ class LLMEngine:
             outputs.extend(self._postprocess(batch, result, requeued))
             self._requeue(requeued)
             generated = len(result.token_ids) - len(result.failed) - len(requeued)
-            self._record(batch, started, generated)
+            self._record(batch, started, generated, counts)
             return outputs
 
     def _settle(self, changes: StepChanges, batch: ScheduledBatch, result: StepResult) -> set[str]:
         """The rows that ran commit their tokens' K/V; a failed row's block changes roll back
         (its request is then ended by ``_postprocess``). Returns the requests admitted in this
         step on prefix blocks a failed row published: rolled back too, they are requeued."""
-        dropped = set(changes.rollback(result.failed)) | result.failed.keys()
+        failed = result.failed
+        dropped = set(changes.rollback(failed)) | failed.keys() if failed else set()
         written: dict[str, tuple[int, int]] = {}
-        for entry in batch.entries:
-            seq = entry.seq
-            if entry.num_new_tokens and seq.seq_id not in dropped:
+        for entry in batch.entries:  # hot: once per sequence per step
+            num_new = entry.num_new_tokens
+            if num_new:
+                seq = entry.seq
+                if dropped and seq.seq_id in dropped:
+                    continue
                 start = seq.num_computed_tokens
-                seq.num_computed_tokens += entry.num_new_tokens
-                written[seq.seq_id] = (start, seq.num_computed_tokens)
+                seq.num_computed_tokens = end = start + num_new
+                written[seq.seq_id] = (start, end)
         changes.commit(written)
-        return dropped - result.failed.keys()
+        return dropped - failed.keys()
 
     def _roll_back(self, changes: StepChanges) -> None:
         """The step failed as a whole: undo all its block changes."""
@@ -249,23 +254,24 @@ class LLMEngine:
         outputs: list[RequestOutput] = []
         finished: list[Sequence] = []
         failed: list[Sequence] = []
-        for entry in batch.entries:
-            seq = entry.seq
+        failed_rows = result.failed
+        for entry in batch.entries:  # hot: once per sequence per step
             if not entry.sample:
                 continue
+            seq = entry.seq
             token = next(sampled)
-            if seq.seq_id in requeued:
+            if requeued and seq.seq_id in requeued:
                 continue
-            if seq.seq_id in result.failed:
+            if failed_rows and seq.seq_id in failed_rows:
                 failed.append(seq)
                 continue
             seq.append_token(token, now)
-            self._check_stop(seq, token, now)
-            if seq.is_finished:
+            if self._check_stop(seq, token, now):
                 finished.append(seq)
             outputs.append(RequestOutput.of(seq, [token]))
-        kv = self.blocks.stats()  # after the step's writes, before finished requests leave
-        batch.kv_held_slots, batch.kv_live_tokens = kv.held_slots, kv.live_tokens
+        blocks = self.blocks  # after the step's writes, before finished requests leave
+        batch.kv_held_slots = blocks.num_used * blocks.block_size  # as KVStats.held_slots
+        batch.kv_live_tokens = blocks.live_tokens
         for seq in failed:
             self.policy.abort(seq.seq_id)  # frees its blocks
             seq.finish("error", now)
@@ -276,22 +282,34 @@ class LLMEngine:
             self.stats.record_finish(RequestMetrics.of(seq), seq.num_output_tokens)
         return outputs
 
-    def _check_stop(self, seq: Sequence, token: int, now: float) -> None:
+    def _check_stop(self, seq: Sequence, token: int, now: float) -> bool:
+        """Finish ``seq`` if ``token`` ends it; returns whether it did."""
         params = seq.params
         matched = seq.detokenizer.update(seq.token_ids) if seq.detokenizer else None
+        num_tokens = len(seq.token_ids)
         if not params.ignore_eos and token in self.eos_token_ids:
             seq.finish("stop", now)
-        elif token in params.stop_token_ids:
+        elif params.stop_token_ids and token in params.stop_token_ids:
             seq.finish("stop", now, stop_reason=token)
         elif matched is not None:
             seq.finish("stop", now, stop_reason=matched)
         elif (
-            seq.num_output_tokens >= params.max_tokens
-            or seq.num_tokens >= self.limits.max_model_len
+            num_tokens - len(seq.prompt_token_ids) >= params.max_tokens
+            or num_tokens >= self.limits.max_model_len
         ):
             seq.finish("length", now)
+        else:
+            return False
+        return True
 
-    def _record(self, batch: ScheduledBatch, started: float, generated: int) -> None:
+    def _record(
+        self,
+        batch: ScheduledBatch,
+        started: float,
+        generated: int,
+        counts: tuple[int, int, int],
+    ) -> None:
+        prefill, decode, padded = counts
         self.stats.record_step(
             StepRecord(
                 time=self.clock(),
@@ -299,9 +317,9 @@ class LLMEngine:
                 forward_s=self.runner.last_forward_s,
                 mode=batch.mode,
                 num_seqs=batch.num_seqs,
-                prefill_tokens=batch.num_prefill_tokens,
-                decode_tokens=batch.num_decode_tokens,
-                padded_tokens=batch.num_padded_tokens,
+                prefill_tokens=prefill,
+                decode_tokens=decode,
+                padded_tokens=padded,
                 generated_tokens=generated,
                 preempted=len(batch.preempted),
                 kv_held_slots=batch.kv_held_slots,

@@ -44,14 +44,15 @@ class RequestMetrics:
 
     @classmethod
     def of(cls, seq: Sequence) -> RequestMetrics:
+        # positional, in field order: built once per request per step
         return cls(
-            arrival_time=seq.arrival_time,
-            first_scheduled_time=seq.first_scheduled_time,
-            first_token_time=seq.first_token_time,
-            token_times=list(seq.token_times),
-            finish_time=seq.finish_time,
-            num_preemptions=seq.num_preemptions,
-            num_cached_tokens=seq.num_cached_tokens,
+            seq.arrival_time,
+            seq.first_scheduled_time,
+            seq.first_token_time,
+            seq.token_times[:],
+            seq.finish_time,
+            seq.num_preemptions,
+            seq.num_cached_tokens,
         )
 
 
@@ -77,16 +78,22 @@ class RequestOutput:
     def of(cls, seq: Sequence, new_token_ids: list[int], error: str | None = None) -> RequestOutput:
         """The request's output now; takes the detokenizer's pending text delta."""
         detok = seq.detokenizer
-        delta = detok.take_delta(seq.is_finished) if detok else ""  # advances ``emitted``
+        if detok is None:
+            text = delta = ""
+        else:
+            delta = detok.take_delta(seq.is_finished)  # advances ``emitted``
+            text = detok.text[: detok.emitted]
+        prompt = seq.prompt_token_ids
+        # positional, in field order: built once per request per step
         return cls(
-            request_id=seq.seq_id,
-            prompt_token_ids=seq.prompt_token_ids,
-            token_ids=seq.output_token_ids,
-            new_token_ids=new_token_ids,
-            text=detok.text[: detok.emitted] if detok else "",
-            text_delta=delta,
-            finish_reason=seq.finish_reason,
-            metrics=RequestMetrics.of(seq),
-            stop_reason=seq.stop_reason,
-            error=error,
+            seq.seq_id,
+            prompt,
+            seq.token_ids[len(prompt) :],
+            new_token_ids,
+            text,
+            delta,
+            seq.finish_reason,
+            RequestMetrics.of(seq),
+            seq.stop_reason,
+            error,
         )
