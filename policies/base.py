@@ -184,8 +184,12 @@ class SchedulingPolicy(ABC):
 
     def on_step_done(self, batch: ScheduledBatch, finished: list[Sequence]) -> None:
         """Finished sequences leave at once and give their blocks back."""
+        if not finished:
+            return
+        done = {id(seq) for seq in finished}  # one pass over ``running``, not one per finish
+        self.running = [s for s in self.running if id(s) not in done]
         for seq in finished:
-            self._release(seq)
+            self.blocks.free(seq.seq_id)
 
     def handover(self) -> list[Sequence]:
         """Give up every unfinished sequence: running ones first, then the queue in order."""
@@ -284,7 +288,8 @@ class SchedulingPolicy(ABC):
         may already share blocks that an older one publishes in this step.
         """
         start = seq.num_computed_tokens
-        while not self.changes.grow(seq.seq_id, start, start + num_tokens):
+        changes = self._changes or self.changes  # the property raises outside a step
+        while not changes.grow(seq.seq_id, start, start + num_tokens):
             if not may_preempt:
                 return False
             victim = self.running[-1]
@@ -296,4 +301,5 @@ class SchedulingPolicy(ABC):
     def _schedule(self, batch: ScheduledBatch, seq: Sequence, num_new: int, pads: int = 0) -> None:
         batch.entries.append(ScheduledSeq(seq, num_new, pads))
         if num_new:
-            self.changes.register(seq.seq_id, seq.token_ids, seq.num_computed_tokens + num_new)
+            changes = self._changes or self.changes  # the property raises outside a step
+            changes.register(seq.seq_id, seq.token_ids, seq.num_computed_tokens + num_new)

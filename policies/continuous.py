@@ -66,7 +66,7 @@ class ContinuousPolicy(SchedulingPolicy):
         budget = self.token_budget
         for seq in list(self.running):
             budget -= self._continue(batch, seq, budget)
-        if not batch.preempted:
+        if not batch.preempted and self._may_admit(budget):
             for seq in self._admission_order(list(self.waiting)):
                 used = self._try_admit(batch, seq, budget)
                 if used is None:
@@ -80,13 +80,20 @@ class ContinuousPolicy(SchedulingPolicy):
         """Schedule a running sequence's next chunk or decode; returns the tokens it takes."""
         if budget <= 0 or seq.status is not SequenceStatus.RUNNING:
             return 0  # out of budget, or preempted earlier in this step
-        num_new = min(seq.num_uncomputed_tokens, budget)
-        if num_new < seq.num_uncomputed_tokens and not self.params.enable_chunked_prefill:
+        uncomputed = len(seq.token_ids) - seq.num_computed_tokens
+        num_new = min(uncomputed, budget)
+        if num_new < uncomputed and not self.params.enable_chunked_prefill:
             return 0
         if not self._reserve_slots(seq, num_new, batch, may_preempt):
             return 0
         self._schedule(batch, seq, num_new)
         return num_new
+
+    def _may_admit(self, budget: int) -> bool:
+        """Whether ``_try_admit`` could take anyone now. Budget and room only shrink while a
+        step is planned, so when this is False the whole admission pass is skipped: it would
+        stop at its first candidate (and ordering the queue costs O(waiting) per step)."""
+        return budget > 0 and len(self.running) < self.max_num_seqs and bool(self.waiting)
 
     def _try_admit(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int | None:
         """Admit a waiting sequence with its first chunk; None when it does not fit now."""

@@ -58,14 +58,14 @@ class PaddedGroupPolicy(SchedulingPolicy):
         if not self.running:
             self._end_group()
             self._start_next_group()
-        prefill_rows = [s for s in self.running if s.in_prefill]
+        prefill_rows = [s for s in self.running if len(s.token_ids) - s.num_computed_tokens > 1]
         if prefill_rows:
             batch.mode = f"{self.name}-prefill"
             self._schedule_prefill(batch, prefill_rows)
         else:
             batch.mode = f"{self.name}-decode"
             for seq in list(self.group):
-                if seq.is_finished:
+                if seq.status is SequenceStatus.FINISHED:  # ``is_finished``, once per row
                     self._schedule(batch, seq, 0, 1)
                 elif seq.status is SequenceStatus.RUNNING and self._reserve_slots(seq, 1, batch):
                     self._schedule(batch, seq, 1)

@@ -43,8 +43,11 @@ class HybridPolicy(ContinuousPolicy):
             budget -= self._continue(batch, seq, budget)
         if batch.preempted:
             return batch
+        running_prefills = [s for s in self.running if s.in_prefill]
+        if budget <= 0 or not (running_prefills or self._may_admit(budget)):
+            return batch  # nothing below could run or be admitted: skip sorting the queue
         window = self.params.length_window
-        prefills = [s for s in self.running if s.in_prefill] + list(self.waiting)
+        prefills = running_prefills + list(self.waiting)
         prefills.sort(key=lambda s: (s.num_uncomputed_tokens // window, s.arrival_time))
         for seq in self._with_overdue_first(prefills):
             if seq.status is SequenceStatus.RUNNING:
