@@ -10,7 +10,7 @@ what the trace says is shared.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +123,29 @@ def build_engine(
     return engine, clock, runner
 
 
+class _Arrivals:
+    """The trace in arrival order; hands out the requests whose time has come."""
+
+    def __init__(self, requests: Sequence[TraceRequest]) -> None:
+        self.requests = requests
+        self.order = sorted(range(len(requests)), key=lambda i: requests[i].arrived_at)
+        self.pos = 0
+
+    @property
+    def pending(self) -> bool:
+        return self.pos < len(self.order)
+
+    @property
+    def next_time(self) -> float:
+        return self.requests[self.order[self.pos]].arrived_at
+
+    def due(self, now: float) -> Iterator[tuple[int, TraceRequest]]:
+        while self.pending and self.next_time <= now:
+            index = self.order[self.pos]
+            self.pos += 1
+            yield index, self.requests[index]
+
+
 def simulate(
     requests: Sequence[TraceRequest],
     cost_model: CostModel,
@@ -139,24 +162,24 @@ def simulate(
     engine, clock, runner = build_engine(cost_model, policy, setup, max_len)
     if wrap_runner is not None:
         engine.runner = wrap_runner(runner)
-    order = sorted(range(len(requests)), key=lambda i: requests[i].arrived_at)
-    result = SimResult([], engine.stats, 0.0, num_kv_blocks=engine.limits.num_kv_blocks)
-    result.block_size, result.cost_model, result.policy = (
-        setup.block_size,
-        cost_model.name,
-        engine.policy_spec,
+    result = SimResult(
+        [],
+        engine.stats,
+        0.0,
+        num_kv_blocks=engine.limits.num_kv_blocks,
+        block_size=setup.block_size,
+        cost_model=cost_model.name,
+        policy=engine.policy_spec,
+        engine=engine,
     )
-    if order:
-        clock.advance_to(requests[order[0]].arrived_at)
+    arrivals = _Arrivals(requests)
+    if arrivals.pending:
+        clock.advance_to(arrivals.next_time)
     start = clock()
-    index_of: dict[str, int] = {}
-    pos, idle = 0, 0
-    while pos < len(order) or engine.has_unfinished_requests():
+    idle = 0
+    while arrivals.pending or engine.has_unfinished_requests():
         now = clock()
-        while pos < len(order) and requests[order[pos]].arrived_at <= now:
-            i = order[pos]
-            pos += 1
-            r = requests[i]
+        for i, r in arrivals.due(now):
             params = SamplingParams(
                 max_tokens=r.num_decode_tokens, temperature=0.0, ignore_eos=True
             )
@@ -164,33 +187,30 @@ def simulate(
                 engine.add_request(_prompt(i, r), params, f"r{i}", r.arrived_at)
             except (QueueFull, RequestRejected):
                 result.refused += 1
-                continue
-            index_of[f"r{i}"] = i
         if not engine.has_unfinished_requests():
-            if pos < len(order):
-                clock.advance_to(requests[order[pos]].arrived_at)
+            if arrivals.pending:
+                clock.advance_to(arrivals.next_time)
             continue
         before = engine.stats.num_steps
         outputs = engine.step()
         if engine.stats.num_steps > before:
             result.steps.append(engine.stats.steps[-1])
             idle = 0
-        elif not outputs:
+        elif not outputs:  # a policy waiting on its own timer: let time pass
             idle += 1
             if idle > MAX_IDLE_TICKS:
                 raise RuntimeError(
                     f"{engine.policy_spec.name} schedules nothing while requests wait"
                 )
-            nxt = requests[order[pos]].arrived_at if pos < len(order) else now + IDLE_TICK_S
-            clock.advance_to(min(nxt, now + IDLE_TICK_S))
+            later = arrivals.next_time if arrivals.pending else now + IDLE_TICK_S
+            clock.advance_to(min(later, now + IDLE_TICK_S))
         for out in outputs:
             if out.finished:
-                i = index_of[out.request_id]
-                r = requests[i]
+                i = int(out.request_id.removeprefix("r"))
                 result.records.append(
                     SimRecord(
                         i,
-                        r.num_prefill_tokens,
+                        requests[i].num_prefill_tokens,
                         len(out.metrics.token_times),
                         out.metrics,
                         out.finish_reason,
@@ -198,5 +218,5 @@ def simulate(
                 )
     ends = [r.metrics.finish_time for r in result.records if r.metrics.finish_time is not None]
     result.duration_s = max(ends, default=start) - start
-    result.busy_s, result.engine = runner.busy_s, engine
+    result.busy_s = runner.busy_s
     return result
