@@ -28,16 +28,17 @@ class ScheduledSeq:
     kind: EntryKind = field(init=False)
     sample: bool = field(init=False)
 
-    def __post_init__(self) -> None:
-        seq, num_new = self.seq, self.num_new_tokens  # hot: once per sequence per step
+    def __init__(self, seq: Sequence, num_new_tokens: int, num_pad_tokens: int = 0) -> None:
+        # written out (dataclass keeps an explicit __init__): built once per sequence per step
+        self.seq, self.num_new_tokens, self.num_pad_tokens = seq, num_new_tokens, num_pad_tokens
         uncomputed = len(seq.token_ids) - seq.num_computed_tokens
-        if num_new == 0:
+        if num_new_tokens == 0:
             self.kind = "pad"
         elif uncomputed == 1:
             self.kind = "decode"
         else:
             self.kind = "prefill"
-        self.sample = num_new > 0 and num_new == uncomputed
+        self.sample = num_new_tokens > 0 and num_new_tokens == uncomputed
 
     @property
     def query_len(self) -> int:

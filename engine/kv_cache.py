@@ -577,8 +577,9 @@ class StepChanges:
             raise ValueError(
                 f"rolled back, not written: {sorted(self._rolled_back & set(written))}"
             )
+        store = m._store
         for seq_id, (start, end) in written.items():
-            m._store(seq_id, start, end)
+            store(seq_id, start, end)
         for source in self._sources():
             m._release(source)
         for seq_id, published in self._published.items():

@@ -39,16 +39,19 @@ class HybridPolicy(ContinuousPolicy):
             return self._schedule_single()
         batch = ScheduledBatch(mode="hybrid-batched")
         budget = self.token_budget
-        for seq in [s for s in self.running if not s.in_prefill]:
+        # ``in_prefill`` read inline: these scans and the sort below touch every sequence
+        for seq in [s for s in self.running if len(s.token_ids) - s.num_computed_tokens <= 1]:
             budget -= self._continue(batch, seq, budget)
         if batch.preempted:
             return batch
-        running_prefills = [s for s in self.running if s.in_prefill]
+        running_prefills = [s for s in self.running if len(s.token_ids) - s.num_computed_tokens > 1]
         if budget <= 0 or not (running_prefills or self._may_admit(budget)):
             return batch  # nothing below could run or be admitted: skip sorting the queue
         window = self.params.length_window
         prefills = running_prefills + list(self.waiting)
-        prefills.sort(key=lambda s: (s.num_uncomputed_tokens // window, s.arrival_time))
+        prefills.sort(
+            key=lambda s: ((len(s.token_ids) - s.num_computed_tokens) // window, s.arrival_time)
+        )
         for seq in self._with_overdue_first(prefills):
             if seq.status is SequenceStatus.RUNNING:
                 budget -= self._continue(batch, seq, budget, may_preempt=False)
