@@ -4,9 +4,10 @@ fit a ``CalibratedModel`` (sim/calibrated.py) to the medians.
 Each grid point is one step built by hand (sequences with block tables over a private KV
 pool, no policy, no BlockManager) and run through ``ModelRunner.execute``: the same packing,
 forward and sampling the engine runs. The timed span is ``execute`` as the engine calls it, so
-the fit predicts the runner's part of a step; the policy's and the engine's own bookkeeping
-(microseconds per sequence) are not in it. Repeats go round the whole grid, point after point,
-so a slow spell of this shared machine spreads over every point instead of one.
+the fit predicts the runner's part of a step; the engine's own part around it (policy, block
+manager, outputs) is measured apart on a real ``LLMEngine`` (``engine_overhead``). Repeats go
+round the whole grid, point after point, so a slow spell of this shared machine spreads over
+every point instead of one.
 """
 
 from __future__ import annotations
@@ -22,16 +23,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from engine.batch import ScheduledBatch, ScheduledSeq
-from engine.builder import build_runner, load_bundle
+from engine.batch import ScheduledBatch, ScheduledSeq, StepResult
+from engine.builder import ModelBundle, build_runner, load_bundle
 from engine.config import CPU_KV_CACHE_BYTES, EngineConfig
+from engine.engine import LLMEngine
 from engine.kv_cache import kv_bytes_per_block
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
-from sim.calibrated import FEATURES, FORMAT, fit
+from sim.calibrated import FEATURES, FORMAT, fit, nnls
 from sim.cost_model import StepShape
 
 
@@ -143,6 +146,51 @@ def measure(
     return samples
 
 
+class _TimedRunner:
+    """The engine's runner, timing each ``execute`` and noting its batch size."""
+
+    def __init__(self, inner: ModelRunner) -> None:
+        self.inner = inner
+        self.last_forward_s = 0.0
+        self.calls: list[tuple[float, int]] = []
+
+    def execute(self, batch: ScheduledBatch) -> StepResult:
+        started = time.perf_counter()
+        result = self.inner.execute(batch)
+        self.calls.append((time.perf_counter() - started, batch.num_seqs))
+        self.last_forward_s = self.inner.last_forward_s
+        return result
+
+
+def engine_overhead(
+    bundle: ModelBundle, config: EngineConfig, num_requests: int = 48, prompt_len: int = 32
+) -> dict[str, float]:
+    """What ``LLMEngine.step`` adds around ``execute`` (policy, block manager, outputs):
+    per step and per sequence, fitted over a continuous burst whose requests finish one
+    after another (outputs of 4 to 27 tokens), so the batch shrinks step by step."""
+    blocks = num_requests * -(-(prompt_len + 32) // config.block_size) + 16
+    engine = LLMEngine.from_config(replace(config, num_kv_blocks=blocks), bundle=bundle)
+    runner = _TimedRunner(engine.runner)  # type: ignore[arg-type]
+    engine.runner = runner
+    vocab = bundle.config.vocab_size
+    for i in range(num_requests):
+        params = SamplingParams(max_tokens=4 + i % 24, temperature=0.0, ignore_eos=True)
+        engine.add_request([(31 * i + j) % (vocab - 1) + 1 for j in range(prompt_len)], params)
+    rows: list[tuple[float, float]] = []
+    extra: list[float] = []
+    while engine.has_unfinished_requests():
+        calls = len(runner.calls)
+        started = time.perf_counter()
+        engine.step()
+        wall = time.perf_counter() - started
+        if len(runner.calls) > calls:
+            execute_s, seqs = runner.calls[-1]
+            rows.append((1.0, float(seqs)))
+            extra.append(max(wall - execute_s, 0.0))
+    per_step, per_seq = nnls(np.asarray(rows), np.asarray(extra))
+    return {"per_step_s": float(per_step), "per_seq_s": float(per_seq), "steps": len(rows)}
+
+
 def calibrate(
     config: EngineConfig,
     grid: tuple[GridPoint, ...] = DEFAULT_GRID,
@@ -169,6 +217,7 @@ def calibrate(
     samples = measure(bench, grid, repeats, progress)
     medians = [statistics.median(s) for s in samples]
     result = fit([p.shape for p in grid], medians)
+    overhead = engine_overhead(bundle, config)
     model = {"num_parameters": sum(p.numel() for p in bundle.model.parameters())}
     model |= {k: getattr(mc, k) for k in ("num_hidden_layers", "hidden_size", "vocab_size")}
     return {
@@ -193,6 +242,7 @@ def calibrate(
             "mean_abs_rel_error": result.mean_abs_rel_error,
             "max_abs_rel_error": result.max_abs_rel_error,
         },
+        "engine_overhead": overhead,
         "grid": [
             {**asdict(p.shape), "median_s": m, "min_s": min(s), "samples_s": s}
             for p, m, s in zip(grid, medians, samples, strict=True)

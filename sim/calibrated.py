@@ -109,6 +109,10 @@ class CalibratedModel(CostModel):
         self.data = data
         coefs = data["fit"]["coefficients"]
         self.coefficients = tuple(float(coefs.get(f, 0.0)) for f in FEATURES)
+        overhead = data.get("engine_overhead") or {}
+        self.per_step_s = float(overhead.get("per_step_s", 0.0))
+        self.per_seq_s = float(overhead.get("per_seq_s", 0.0))
+        """The engine's own step overhead around the runner (policy, block manager)."""
         self.kv_cache_bytes: int = int(data["kv_cache"]["bytes"])
         self.kv_bytes_per_token: int = int(data["kv_cache"]["bytes_per_token"])
 
@@ -118,7 +122,8 @@ class CalibratedModel(CostModel):
         return cls(json.loads(path.read_text()), f"calibrated:{path.name}")
 
     def step_time(self, shape: StepShape) -> float:
-        return sum(c * v for c, v in zip(self.coefficients, features(shape), strict=True))
+        runner = sum(c * v for c, v in zip(self.coefficients, features(shape), strict=True))
+        return runner + self.per_step_s + self.per_seq_s * shape.num_seqs
 
     def kv_cache_blocks(self, block_size: int) -> int | None:
         """The pool the calibrated engine had: its KV budget over this block size."""

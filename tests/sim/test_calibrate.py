@@ -81,6 +81,8 @@ def test_quick_calibration_of_tiny_predicts_a_held_out_step(
     assert len(data["grid"]) == len(QUICK_GRID)
     assert all(len(g["samples_s"]) == 3 for g in data["grid"])
     assert data["fit"]["mean_abs_rel_error"] < 0.5
+    overhead = data["engine_overhead"]  # measured on a real LLMEngine's steps
+    assert overhead["steps"] > 10 and overhead["per_step_s"] + overhead["per_seq_s"] > 0
 
     model = load_cost_model(out)
     assert isinstance(model, CalibratedModel)
@@ -96,4 +98,6 @@ def test_quick_calibration_of_tiny_predicts_a_held_out_step(
     bench.time(held_out)
     measured = statistics.median(bench.time(held_out) for _ in range(7))
     predicted = model.step_time(held_out.shape)
+    engine_part = overhead["per_step_s"] + overhead["per_seq_s"] * held_out.shape.num_seqs
+    assert predicted > engine_part > 0
     assert measured / 1.6 <= predicted <= measured * 1.6, (predicted, measured)
