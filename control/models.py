@@ -81,3 +81,46 @@ class MaintenanceRun(SQLModel, table=True):
     reserve_breached: bool = False
     duration_s: float = 0.0
     error: str | None = None
+
+
+class Schedule(SQLModel, table=True):
+    """A policy window: from each cron firing until the next ``until`` wall time in ``timezone``.
+
+    ``applied_version`` is the policy version that put the current window in force (None when
+    none is); ``window_start`` the firing it belongs to. A deleted schedule keeps its row
+    (``deleted_at`` set) so its audit stays readable."""
+
+    __tablename__ = "schedule"
+
+    id: int | None = Field(default=None, primary_key=True)
+    cron: str
+    cron_seconds: str | None = None
+    until: str
+    timezone: str
+    policy_name: str
+    policy_params: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
+    memory_reserve: float | None = None
+    reason: str
+    priority: int = 0
+    actor: str
+    created_at: datetime = timestamp_field(default_factory=utcnow)
+    deleted_at: datetime | None = timestamp_field(default=None)
+    window_start: datetime | None = timestamp_field(default=None)
+    applied_version: int | None = None
+    last_end_at: datetime | None = timestamp_field(default=None)
+    last_end: str | None = Field(default=None, description="What the last window end did.")
+
+
+class ScheduleChange(SQLModel, table=True):
+    """One row per create or delete of a schedule: who, why, before and after."""
+
+    __tablename__ = "schedule_change"
+
+    id: int | None = Field(default=None, primary_key=True)
+    schedule_id: int = Field(index=True)
+    action: str
+    actor: str
+    reason: str
+    before: dict[str, Any] | None = Field(default=None, sa_type=JSON)
+    after: dict[str, Any] | None = Field(default=None, sa_type=JSON)
+    at: datetime = timestamp_field(default_factory=utcnow)

@@ -1,0 +1,153 @@
+"""Schedule windows: which schedule is in force at a given moment — a pure function of
+(schedules, now), built on APScheduler 3's ``CronTrigger.get_next_fire_time``.
+
+A window starts at a firing of the schedule's cron (in its time zone) and ends at the first
+``until`` local wall time in that zone after the start — the same day, or the next one when
+``until`` is not later than the start (a window may end after midnight). Windows are at most
+one day long, so only the latest firing at or before ``now`` can hold ``now``.
+
+Daylight saving follows the zone's rules: a firing APScheduler finds in a skipped hour moves to
+the first valid time after it; an ``until`` in a skipped hour is read with the offset before the
+change (02:30 on the spring-forward night in Europe/Berlin is 03:30 CEST), and an ``until`` in a
+repeated hour means its first occurrence (summer time).
+
+Overlaps resolve by priority (higher wins), then by latest start, then by higher id.
+Everything is compared in UTC: aware datetimes sharing a tzinfo compare by wall time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, time, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from apscheduler.triggers.cron import CronTrigger
+
+LOOKBACK = timedelta(days=1, hours=2)
+"""How far back a firing can start a window that still holds ``now`` (windows are <= 1 day)."""
+MAX_STEPS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSpec:
+    """What the window logic needs of a schedule."""
+
+    id: int
+    cron: str
+    until: str
+    timezone: str
+    priority: int = 0
+    cron_seconds: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    schedule_id: int
+    start: datetime  # UTC
+    end: datetime  # UTC
+    priority: int
+
+
+def zone(name: str) -> ZoneInfo:
+    """The IANA zone; ValueError naming it when it does not exist."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"unknown time zone {name!r}") from exc
+
+
+def cron_trigger(cron: str, timezone: str, cron_seconds: str | None = None) -> CronTrigger:
+    """The trigger of a crontab expression (5 fields) in ``timezone``; ``cron_seconds`` (a cron
+    field such as ``30`` or ``*/10``) adds the seconds field crontab has not; ValueError when
+    either is malformed."""
+    trigger = CronTrigger.from_crontab(cron, timezone=zone(timezone))
+    if cron_seconds is None:
+        return trigger
+    minute, hour, day, month, day_of_week = cron.split()
+    return CronTrigger(
+        second=cron_seconds,
+        minute=minute,
+        hour=hour,
+        day=day,
+        month=month,
+        day_of_week=day_of_week,
+        timezone=zone(timezone),
+    )
+
+
+def wall_time(until: str) -> time:
+    """``HH:MM`` or ``HH:MM:SS``; ValueError otherwise."""
+    try:
+        parsed = time.fromisoformat(until)
+    except ValueError:
+        raise ValueError(f"until must be a wall time HH:MM or HH:MM:SS, not {until!r}") from None
+    if parsed.tzinfo is not None or parsed.microsecond:
+        raise ValueError(f"until must be a wall time HH:MM or HH:MM:SS, not {until!r}")
+    return parsed
+
+
+def window_end(start: datetime, until: str, timezone: str) -> datetime:
+    """The first ``until`` wall time in the zone after ``start`` (UTC)."""
+    tz = zone(timezone)
+    local = start.astimezone(tz)
+    end = datetime.combine(local.date(), wall_time(until), tzinfo=tz).astimezone(UTC)
+    if end <= start:
+        next_day = local.date() + timedelta(days=1)
+        end = datetime.combine(next_day, wall_time(until), tzinfo=tz).astimezone(UTC)
+    return end
+
+
+def next_firings(spec: WindowSpec, after: datetime, count: int) -> list[datetime]:
+    """The next ``count`` firings at or after ``after`` (UTC)."""
+    trigger = cron_trigger(spec.cron, spec.timezone, spec.cron_seconds)
+    firings: list[datetime] = []
+    previous: datetime | None = None
+    moment = after
+    while len(firings) < count:
+        fire = trigger.get_next_fire_time(previous, moment)
+        if fire is None:
+            break
+        fire = fire.astimezone(UTC)
+        firings.append(fire)
+        previous, moment = fire, fire + timedelta(microseconds=1)
+    return firings
+
+
+def last_firing(spec: WindowSpec, now: datetime) -> datetime | None:
+    """The latest firing at or before ``now`` within ``LOOKBACK`` (UTC), or None."""
+    trigger = cron_trigger(spec.cron, spec.timezone, spec.cron_seconds)
+    step = timedelta(seconds=1)
+    found: datetime | None = None
+    while found is None:  # look back 1 s, 2 s, 4 s ... until a firing lies in [now - step, now]
+        since = now - min(step, LOOKBACK)
+        fire = trigger.get_next_fire_time(None, since)
+        if fire is not None and fire.astimezone(UTC) <= now:
+            found = fire.astimezone(UTC)
+        elif step >= LOOKBACK:
+            return None
+        step *= 2
+    for _ in range(MAX_STEPS):  # then forward to the last one at or before now
+        fire = trigger.get_next_fire_time(found, found + timedelta(microseconds=1))
+        if fire is None or fire.astimezone(UTC) > now:
+            break
+        found = fire.astimezone(UTC)
+    return found
+
+
+def window_at(spec: WindowSpec, now: datetime) -> Window | None:
+    """The window of ``spec`` that holds ``now``, if any."""
+    now = now.astimezone(UTC)
+    start = last_firing(spec, now)
+    if start is None:
+        return None
+    end = window_end(start, spec.until, spec.timezone)
+    return Window(spec.id, start, end, spec.priority) if now < end else None
+
+
+def active_window(specs: list[WindowSpec], now: datetime) -> Window | None:
+    """The window in force at ``now``: of those holding it, the highest priority, then the
+    latest start, then the highest schedule id."""
+    windows = [w for spec in specs if (w := window_at(spec, now)) is not None]
+    if not windows:
+        return None
+    return max(windows, key=lambda w: (w.priority, w.start, w.schedule_id))
