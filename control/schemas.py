@@ -338,6 +338,10 @@ class Prediction(BaseModel):
 class PolicyUpdateResult(BaseModel):
     dry_run: bool
     applied: bool
+    stored: bool = Field(
+        description="Whether a new version was stored: false for a dry run and for a change "
+        "whose effective settings equal the active ones (then `version` is the active one)."
+    )
     version: int = Field(
         description="The version stored; for a dry run, the version it was checked against."
     )

@@ -224,12 +224,37 @@ class PolicyStore:
                 return PolicyUpdateResult(
                     dry_run=True,
                     applied=False,
+                    stored=False,
                     version=row.version,
                     diff=diff(before, after),
                     settings=after,
                     status=None,
                 )
+            if self.same_effect(before, after):
+                self._metrics.count_policy_update("unchanged")
+                status = status_of(row)
+                return PolicyUpdateResult(
+                    dry_run=False,
+                    applied=status.state == "applied",
+                    stored=False,
+                    version=row.version,
+                    diff=[],
+                    settings=before,
+                    status=status,
+                )
             return self._store(session, row, before, after, explicit, actor, update.reason, None)
+
+    def same_effect(self, before: PolicySettings, after: PolicySettings) -> bool:
+        """Whether two settings run the engine the same way: same policy, same params once
+        defaults and engine caps are filled in (``{}`` equals every default written out), same
+        reserve and sweep interval. A PUT that changes nothing in effect stores nothing, so
+        applying a policy file again (``servedeck policy apply -f``) is idempotent."""
+        return (
+            before.policy.name == after.policy.name
+            and self.effective_params(before.policy) == self.effective_params(after.policy)
+            and before.memory_reserve == after.memory_reserve
+            and before.reclaim_interval_s == after.reclaim_interval_s
+        )
 
     def rollback(
         self,
@@ -283,6 +308,7 @@ class PolicyStore:
         return PolicyUpdateResult(
             dry_run=False,
             applied=status.state == "applied",
+            stored=True,
             version=new.version,
             diff=diff(before, after),
             settings=after,
