@@ -205,6 +205,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_policy(args: argparse.Namespace) -> int:
+    from control.policy_cli import run
+
+    return run(args, local_token=lambda: _local_admin_token(args.db))
+
+
 def _local_admin_token(db: str | None) -> str | None:
     """The token a local ``servedeck serve`` saved beside its database, if there is one."""
     from control.core.config import Settings
@@ -250,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--refresh", type=float, help="seconds between polls (default 1.0)")
     p.add_argument("--read-only", action="store_true", help="hide every action that changes")
     p.set_defaults(func=cmd_tui)
+
+    from control.policy_cli import add_parser as add_policy_parser
+
+    add_policy_parser(sub, cmd_policy)
 
     from bench.cli import DEFAULT_THREADS
     from bench.cli import add_parser as add_bench_parser
