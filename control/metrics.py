@@ -129,6 +129,12 @@ class ControlMetrics:
         self.policy_updates = Counter(
             "servedeck_policy_updates", "Policy change attempts by result.", ["result"], registry=r
         )
+        self.schedule_window_active = Gauge(
+            "servedeck_schedule_window_active",
+            "1 for the schedule whose window is in force, 0 for the other schedules.",
+            ["schedule"],
+            registry=r,
+        )
         self.policy_info = Gauge(
             "servedeck_policy_info",
             "The active policy and version.",
@@ -183,6 +189,12 @@ class ControlMetrics:
 
     def count_policy_update(self, result: str) -> None:
         self.policy_updates.labels(result).inc()
+
+    def set_schedule_windows(self, active: int | None, schedule_ids: list[int]) -> None:
+        """1 for the schedule whose window is in force, 0 for every other live schedule."""
+        self.schedule_window_active.clear()
+        for schedule_id in schedule_ids:
+            self.schedule_window_active.labels(str(schedule_id)).set(schedule_id == active)
 
     def count_stall(self) -> None:
         self.engine_stalls.inc()

@@ -26,6 +26,9 @@ from control.maintenance import Maintenance
 from control.metrics import ControlMetrics
 from control.policy_rows import seed, with_overrides
 from control.prediction import Predictor
+from control.schedule_store import JOB_ID as SCHEDULE_JOB_ID
+from control.schedule_store import TICK_S as SCHEDULE_TICK_S
+from control.schedule_store import Schedules
 from control.schemas import NotReady, PolicySettings
 from control.store import PolicyStore
 from control.watchdog import JOB_ID as WATCHDOG_JOB_ID
@@ -81,6 +84,7 @@ class Runtime:
         self.arrivals = ArrivalLog()
         """Recent arrivals (times and lengths); load_runtime feeds it from on_finished."""
         self.predictor: Predictor | None = None  # set by load_runtime
+        self.schedules: Schedules  # set by load_runtime
         self._apply_lock = threading.Lock()
         self._pending: _Pending | None = None
 
@@ -280,6 +284,10 @@ def load_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Run
         "retry the pending policy version",
         lambda: runtime.reconcile(db),
         RECONCILE_INTERVAL_S,
+    )
+    runtime.schedules = Schedules(db, runtime.store, metrics)
+    maintenance.add_job(
+        SCHEDULE_JOB_ID, "schedule windows", runtime.schedules.tick, SCHEDULE_TICK_S
     )
     maintenance.add_job(
         WATCHDOG_JOB_ID,

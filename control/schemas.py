@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from control.core.config import MEMORY_RESERVE_BOUNDS, RECLAIM_INTERVAL_BOUNDS
+from control.schedules import cron_trigger, wall_time, zone
 from engine.kv_stats import KVStats
 from engine.snapshot import Latency, QueueDepths, RequestSnapshot, Throughput, Totals
 from policies.base import PolicySnapshot, PolicySpec
@@ -478,3 +479,86 @@ class StallResult(BaseModel):
 
     seconds: float
     at: datetime
+
+
+class ScheduleCreate(BaseModel):
+    """A policy window: from each ``cron`` firing (in ``timezone``) until the next ``until``
+    wall time there. Overlapping windows: the higher ``priority`` wins, then the latest start."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cron: StrictStr = Field(description="Crontab (5 fields: minute hour day month weekday).")
+    cron_seconds: StrictStr | None = Field(
+        None, description="Optional cron seconds field (e.g. `30`, `*/10`); crontab has none."
+    )
+    until: StrictStr = Field(description="Local wall time HH:MM[:SS] the window ends at.")
+    timezone: StrictStr = Field("UTC", description="IANA zone of cron and until.")
+    policy: Annotated[PolicySpec, WithJsonSchema(policy_spec_schema())]
+    memory_reserve: StrictFloat | None = memory_reserve_field(None)
+    reason: str = Field(min_length=1, pattern=REASON_PATTERN, description="Why: required.")
+    priority: StrictInt = Field(0, ge=-1000, le=1000, description="Higher wins an overlap.")
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        cron_trigger(value, "UTC")
+        return value
+
+    @field_validator("cron_seconds")
+    @classmethod
+    def _cron_seconds(cls, value: str | None) -> str | None:
+        if value is not None:
+            cron_trigger("* * * * *", "UTC", value)
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        zone(value)
+        return value
+
+    @field_validator("until")
+    @classmethod
+    def _until(cls, value: str) -> str:
+        wall_time(value)
+        return value
+
+
+class ScheduleChangeView(BaseModel):
+    action: Literal["create", "delete"]
+    actor: str
+    reason: str
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    at: datetime
+
+
+class ScheduleView(BaseModel):
+    id: int
+    cron: str
+    cron_seconds: str | None
+    until: str
+    timezone: str
+    policy: PolicySpec
+    memory_reserve: float | None
+    reason: str
+    priority: int
+    actor: str
+    created_at: datetime
+    next_run_at: datetime | None = Field(description="The next firing (UTC).")
+    active: bool = Field(description="Its window is the one in force now.")
+    window_start: datetime | None = Field(description="Start of the window it last applied.")
+    applied_version: int | None = Field(description="The version that applied that window.")
+    last_end_at: datetime | None
+    last_end: str | None = Field(description="What the last end did: restored, or kept.")
+
+
+class ScheduleDetail(ScheduleView):
+    next_firings: list[datetime] = Field(description="The next firings (UTC), with their ends.")
+    next_ends: list[datetime]
+    changes: list[ScheduleChangeView]
+
+
+class ScheduleList(BaseModel):
+    items: list[ScheduleView]
+    active: int | None = Field(description="Id of the schedule whose window is in force.")

@@ -5,6 +5,7 @@ from fastapi import APIRouter
 from control.api.routes import (
     admin_maintenance,
     admin_policy,
+    admin_schedules,
     admin_state,
     admin_trace,
     completions,
@@ -23,5 +24,6 @@ for module in (
     admin_state,
     admin_trace,
     admin_maintenance,
+    admin_schedules,
 ):
     api_router.include_router(module.router)

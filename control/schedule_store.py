@@ -1,0 +1,286 @@
+"""Stored schedules and the job that puts their windows into force.
+
+Every transition goes through ``PolicyStore.update`` (versions, states and audit stay one
+mechanism) with actor ``schedule:<id>``:
+
+- a window starts (or is found in force after a restart and not yet applied): its setting is
+  stored as a new version; the schedule row keeps that version and the window's start;
+- a window ends: when every version after the one it applied is a schedule's, the setting in
+  force before the run of schedule versions is restored as a new version; when a person (any
+  other actor) changed the setting meanwhile, their change stands and the end is recorded on
+  the schedule row without a change; when another window takes over, its setting applies.
+
+Writes carry ``If-Match`` of the version read, so a person's PUT in between wins and the job
+retries on its next tick. Creating and deleting schedules is recorded in ``schedule_change``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import Engine
+from sqlmodel import Session, col, select
+
+from control.metrics import ControlMetrics
+from control.models import PolicyVersion, Schedule, ScheduleChange, as_utc, utcnow
+from control.policy_checks import SettingsInvalid, pydantic_errors
+from control.schedules import WindowSpec, active_window, next_firings, window_end
+from control.schemas import (
+    PolicySettings,
+    PolicyUpdate,
+    ScheduleChangeView,
+    ScheduleCreate,
+    ScheduleDetail,
+    ScheduleList,
+    ScheduleView,
+)
+from control.store import PolicyStore, VersionConflict
+from policies.base import PolicySpec
+from policies.registry import validate_params
+
+log = logging.getLogger(__name__)
+
+JOB_ID = "schedule_windows"
+TICK_S = 1.0
+PREVIEW = 5
+ACTOR_PREFIX = "schedule:"
+
+
+class ScheduleNotFound(LookupError):
+    pass
+
+
+def spec_of(row: Schedule) -> WindowSpec:
+    assert row.id is not None
+    return WindowSpec(row.id, row.cron, row.until, row.timezone, row.priority, row.cron_seconds)
+
+
+def _stamp(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Schedules:
+    def __init__(
+        self,
+        db: Engine,
+        store: PolicyStore,
+        metrics: ControlMetrics,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self._db = db
+        self._store = store
+        self._metrics = metrics
+        self._clock = clock
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _live(self, session: Session) -> list[Schedule]:
+        query = select(Schedule).where(col(Schedule.deleted_at).is_(None))
+        return list(session.exec(query.order_by(col(Schedule.id))).all())
+
+    def _row(self, session: Session, schedule_id: int) -> Schedule:
+        row = session.get(Schedule, schedule_id)
+        if row is None or row.deleted_at is not None:
+            raise ScheduleNotFound(f"schedule {schedule_id} does not exist")
+        return row
+
+    def _view(self, row: Schedule, now: datetime, active: int | None) -> ScheduleView:
+        firings = next_firings(spec_of(row), now, 1)
+        return ScheduleView.model_validate(
+            {
+                **row.model_dump(),
+                "policy": {"name": row.policy_name, "params": row.policy_params},
+                "created_at": as_utc(row.created_at),
+                "window_start": row.window_start and as_utc(row.window_start),
+                "last_end_at": row.last_end_at and as_utc(row.last_end_at),
+                "next_run_at": firings[0] if firings else None,
+                "active": row.id == active,
+            }
+        )
+
+    def list(self, session: Session) -> ScheduleList:
+        now = self._clock()
+        rows = self._live(session)
+        window = active_window([spec_of(r) for r in rows], now)
+        active = window.schedule_id if window else None
+        return ScheduleList(items=[self._view(r, now, active) for r in rows], active=active)
+
+    def get(self, session: Session, schedule_id: int) -> ScheduleDetail:
+        now = self._clock()
+        row = self._row(session, schedule_id)
+        window = active_window([spec_of(r) for r in self._live(session)], now)
+        view = self._view(row, now, window.schedule_id if window else None)
+        firings = next_firings(spec_of(row), now, PREVIEW)
+        changes = session.exec(
+            select(ScheduleChange)
+            .where(ScheduleChange.schedule_id == schedule_id)
+            .order_by(col(ScheduleChange.id))
+        ).all()
+        return ScheduleDetail(
+            **view.model_dump(),
+            next_firings=firings,
+            next_ends=[window_end(f, row.until, row.timezone) for f in firings],
+            changes=[
+                ScheduleChangeView.model_validate(c.model_dump() | {"at": as_utc(c.at)})
+                for c in changes
+            ],
+        )
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def create(self, session: Session, body: ScheduleCreate, actor: str) -> ScheduleView:
+        try:
+            params = validate_params(body.policy, self._store.limits)
+        except ValidationError as exc:
+            raise SettingsInvalid(pydantic_errors(exc, ("policy", "params"))) from None
+        row = Schedule(
+            **body.model_dump(exclude={"policy"}),
+            policy_name=body.policy.name,
+            policy_params=params.model_dump(mode="json", exclude_unset=True),
+            actor=actor,
+        )
+        session.add(row)
+        session.flush()
+        assert row.id is not None
+        self._audit(session, row.id, "create", actor, body.reason, None, self._public(row))
+        session.commit()
+        session.refresh(row)
+        log.info("schedule %d created by %s: %s until %s", row.id, actor, row.cron, row.until)
+        return self._view(row, self._clock(), None)
+
+    def delete(self, session: Session, schedule_id: int, actor: str, reason: str) -> ScheduleView:
+        row = self._row(session, schedule_id)
+        before = self._public(row)
+        row.deleted_at = utcnow()
+        session.add(row)
+        self._audit(session, schedule_id, "delete", actor, reason, before, None)
+        session.commit()
+        session.refresh(row)
+        return self._view(row, self._clock(), None)
+
+    def _public(self, row: Schedule) -> dict[str, Any]:
+        return row.model_dump(
+            mode="json",
+            include={"cron", "cron_seconds", "until", "timezone", "policy_name"}
+            | {"policy_params", "memory_reserve", "reason", "priority"},
+        )
+
+    def _audit(
+        self,
+        session: Session,
+        schedule_id: int,
+        action: str,
+        actor: str,
+        reason: str,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+    ) -> None:
+        session.add(
+            ScheduleChange(
+                schedule_id=schedule_id,
+                action=action,
+                actor=actor,
+                reason=reason,
+                before=before,
+                after=after,
+            )
+        )
+
+    # -- the job ---------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Put the window in force now into force, and end those that ended (the job)."""
+        now = self._clock()
+        with Session(self._db) as session:
+            live = self._live(session)
+            window = active_window([spec_of(r) for r in live], now)
+            self._metrics.set_schedule_windows(
+                window.schedule_id if window else None, [r.id for r in live if r.id is not None]
+            )
+            holding = session.exec(
+                select(Schedule).where(col(Schedule.applied_version).is_not(None))
+            ).all()
+            for row in holding:
+                same = window is not None and row.id == window.schedule_id
+                if not (same and as_utc(row.window_start) == window.start):  # type: ignore[union-attr, arg-type]
+                    self._end(session, row, now, window.schedule_id if window else None)
+            if window is not None:
+                row = self._row(session, window.schedule_id)
+                start = row.window_start and as_utc(row.window_start)
+                if row.applied_version is None and start != window.start:
+                    self._start(session, row, window.start, window.end)
+
+    def _start(self, session: Session, row: Schedule, start: datetime, end: datetime) -> None:
+        newest = self._store.newest(session)
+        update = PolicyUpdate(
+            policy=PolicySpec(name=row.policy_name, params=row.policy_params),  # type: ignore[arg-type]
+            memory_reserve=row.memory_reserve,
+            reason=f"schedule {row.id}: window {_stamp(start)} to {_stamp(end)}: {row.reason}",
+        )
+        try:
+            result = self._store.update(
+                session, update, f"{ACTOR_PREFIX}{row.id}", if_match=newest.version
+            )
+        except VersionConflict:
+            return  # a change came in between: next tick
+        except SettingsInvalid as exc:
+            log.error("schedule %s: its setting does not fit this engine: %s", row.id, exc)
+            result = None
+        row.window_start = start
+        row.applied_version = result.version if result is not None else None
+        session.add(row)
+        session.commit()
+        log.info("schedule %s window started: version %s", row.id, row.applied_version)
+
+    def _end(self, session: Session, row: Schedule, now: datetime, next_id: int | None) -> None:
+        assert row.applied_version is not None
+        newest = self._store.newest(session)
+        person = session.exec(
+            select(PolicyVersion)
+            .where(col(PolicyVersion.version) > row.applied_version)
+            .where(col(PolicyVersion.actor).not_like(f"{ACTOR_PREFIX}%"))
+            .order_by(col(PolicyVersion.version).desc())
+        ).first()
+        if next_id is not None:
+            outcome = f"superseded by schedule {next_id}"
+        elif person is not None:
+            outcome = f"kept: {person.actor} changed the setting (version {person.version})"
+        else:
+            before = self._restore_target(session)
+            update = PolicyUpdate(
+                policy=before.policy,
+                memory_reserve=before.memory_reserve,
+                reclaim_interval_s=before.reclaim_interval_s,
+                reason=f"schedule {row.id}: window ended; restoring the setting before it",
+            )
+            try:
+                result = self._store.update(
+                    session, update, f"{ACTOR_PREFIX}{row.id}", if_match=newest.version
+                )
+            except VersionConflict:
+                return
+            outcome = f"restored in version {result.version}"
+        row.applied_version = None
+        if next_id is not None:
+            row.window_start = None  # its window, if still open, applies again when it wins
+        row.last_end_at = now
+        row.last_end = outcome
+        session.add(row)
+        session.commit()
+        log.info("schedule %s window ended: %s", row.id, outcome)
+
+    def _restore_target(self, session: Session) -> PolicySettings:
+        """The ``before`` of the oldest version in the newest run of schedule versions: the
+        setting in force before the schedules took over."""
+        rows = session.exec(select(PolicyVersion).order_by(col(PolicyVersion.version).desc()))
+        oldest: PolicyVersion | None = None
+        for version in rows:
+            if not version.actor.startswith(ACTOR_PREFIX):
+                break
+            oldest = version
+        assert oldest is not None and oldest.before is not None
+        return PolicySettings.model_validate(oldest.before)

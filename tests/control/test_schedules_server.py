@@ -1,0 +1,166 @@
+"""Schedules against a real server: a window fired a few seconds ahead (``cron_seconds``
+gives crontab the seconds field it lacks) stores and applies its version and restores the
+previous setting at its end; a window that started while the server was down is applied at
+start-up; a person's change during a window stands; schedules survive a restart."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.control.support import ADMIN, TOKEN, ServerProcess, set_settings, wait_for
+
+
+@pytest.fixture
+def server(tiny_model_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+    process = ServerProcess(tiny_model_dir, tmp_path, ["--admin-token", TOKEN], {})
+    process.start()
+    yield process
+    process.stop()
+
+
+def window(lead_s: float, length_s: float) -> tuple[datetime, dict[str, Any]]:
+    """A schedule body whose one window starts ``lead_s`` from now (UTC) for ``length_s``."""
+    start = (datetime.now(UTC) + timedelta(seconds=lead_s)).replace(microsecond=0)
+    end = start + timedelta(seconds=length_s)
+    return start, {
+        "cron": f"{start.minute} {start.hour} * * *",
+        "cron_seconds": str(start.second),
+        "until": end.strftime("%H:%M:%S"),
+        "timezone": "UTC",
+        "policy": {"name": "dynamic", "params": {"length_window": 64}},
+        "reason": "nightly offline batch",
+    }
+
+
+def policy(http: httpx.Client) -> dict[str, Any]:
+    response = http.get("/admin/policy", headers=ADMIN)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def create(http: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+    response = http.post(
+        "/admin/schedules", json=body, headers={**ADMIN, "X-Servedeck-Actor": "ops"}
+    )
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def sleep_until(moment: datetime) -> None:
+    time.sleep(max(0.0, (moment - datetime.now(UTC)).total_seconds()))
+
+
+def test_window_applies_then_restores_and_survives_restart(server: ServerProcess) -> None:
+    with server.client() as http:
+        before = policy(http)
+        assert before["settings"]["policy"]["name"] == "continuous"
+        start, body = window(3, 12)
+        made = create(http, body)
+        sid = made["id"]
+        assert datetime.fromisoformat(made["next_run_at"]) == start
+        assert made["actor"] == "ops" and not made["active"]
+
+        applied = wait_for(
+            lambda: (p := policy(http))["settings"]["policy"]["name"] == "dynamic" and p, 15
+        )
+        assert datetime.now(UTC) >= start
+        assert applied["actor"] == f"schedule:{sid}"
+        assert applied["settings"]["policy"]["params"] == {"length_window": 64}
+        assert applied["status"]["state"] == "applied"
+        assert re.search(
+            rf'servedeck_schedule_window_active{{schedule="{sid}"}} 1\.0', http.get("/metrics").text
+        )
+        listed = http.get("/admin/schedules", headers=ADMIN).json()
+        assert listed["active"] == sid
+
+        restored = wait_for(
+            lambda: (p := policy(http))["settings"]["policy"]["name"] == "continuous" and p, 20
+        )
+        assert restored["actor"] == f"schedule:{sid}"
+        assert restored["version"] == applied["version"] + 1
+        assert restored["settings"] == before["settings"]
+        detail = http.get(f"/admin/schedules/{sid}", headers=ADMIN).json()
+        assert detail["last_end"] == f"restored in version {restored['version']}"
+        assert [c["action"] for c in detail["changes"]] == ["create"]
+        assert detail["changes"][0]["actor"] == "ops"
+        assert len(detail["next_firings"]) == 5
+
+    server.restart()
+    with server.client() as http:
+        listed = http.get("/admin/schedules", headers=ADMIN).json()
+        assert [s["id"] for s in listed["items"]] == [sid]
+        time.sleep(2)
+        assert policy(http)["version"] == restored["version"]  # no window: nothing applied
+
+
+def test_window_started_while_down_is_applied_at_start(server: ServerProcess) -> None:
+    with server.client() as http:
+        start, body = window(2, 40)
+        sid = create(http, body)["id"]
+    server.stop()
+    sleep_until(start + timedelta(seconds=1))
+    server.start()
+    with server.client() as http:
+        applied = wait_for(lambda: (p := policy(http))["actor"] == f"schedule:{sid}" and p, 15)
+        assert applied["settings"]["policy"]["name"] == "dynamic"
+        version = applied["version"]
+        server.restart()  # restart in the middle of the window: no second version
+    with server.client() as http:
+        time.sleep(2)
+        now = policy(http)
+        assert (now["version"], now["settings"]["policy"]["name"]) == (version, "dynamic")
+        response = http.delete(f"/admin/schedules/{sid}", headers=ADMIN, params={"reason": "done"})
+        assert response.status_code == 200, response.text
+        ended = wait_for(lambda: (p := policy(http))["version"] > version and p, 10)
+        assert ended["settings"]["policy"]["name"] == "continuous"
+        assert http.get(f"/admin/schedules/{sid}", headers=ADMIN).status_code == 404
+
+
+def test_a_persons_change_during_the_window_stands(server: ServerProcess) -> None:
+    with server.client() as http:
+        start, body = window(2, 6)
+        sid = create(http, body)["id"]
+        wait_for(lambda: policy(http)["actor"] == f"schedule:{sid}", 15)
+        mine = set_settings(http, policy={"name": "hybrid"})
+        end = start + timedelta(seconds=6)
+        sleep_until(end + timedelta(seconds=3))
+        now = policy(http)
+        assert (now["version"], now["settings"]["policy"]["name"]) == (mine["version"], "hybrid")
+        detail = http.get(f"/admin/schedules/{sid}", headers=ADMIN).json()
+        assert detail["last_end"].startswith("kept: admin changed the setting")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("cron", "0 25 * * *"),
+        ("timezone", "Mars/Olympus"),
+        ("until", "5pm"),
+        ("cron_seconds", "61"),
+    ],
+)
+def test_bad_schedule_is_422_naming_the_field(client: httpx.Client, field: str, value: str) -> None:
+    _, body = window(60, 10)
+    response = client.post("/admin/schedules", json=body | {field: value}, headers=ADMIN)
+    assert response.status_code == 422, response.text
+    assert [e["loc"] for e in response.json()["detail"]] == [["body", field]]
+
+
+def test_params_over_the_engine_caps_are_422(client: httpx.Client) -> None:
+    _, body = window(60, 10)
+    body["policy"] = {"name": "dynamic", "params": {"max_batch_size": 10**6}}
+    response = client.post("/admin/schedules", json=body, headers=ADMIN)
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"][:3] == ["body", "policy", "params"]
+
+
+def test_schedules_need_the_admin_token(client: httpx.Client) -> None:
+    assert client.get("/admin/schedules").status_code == 401
