@@ -27,6 +27,7 @@ POLICY_UPDATE_RESULTS = (
     "invalid",
     "conflict",
     "not_found",
+    "unchanged",
 )
 KV_STATES = ("free", "used", "cached")
 REFUSAL_REASONS = (

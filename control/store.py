@@ -230,9 +230,10 @@ class PolicyStore:
                     settings=after,
                     status=None,
                 )
-            if self.same_effect(before, after):
+            status = status_of(row)
+            # Equal settings store nothing, unless the active version failed: then they retry.
+            if status.state != "failed" and self.same_effect(before, after):
                 self._metrics.count_policy_update("unchanged")
-                status = status_of(row)
                 return PolicyUpdateResult(
                     dry_run=False,
                     applied=status.state == "applied",
