@@ -1,14 +1,61 @@
-"""What the engine hands back each step: cumulative tokens plus the streaming deltas."""
+"""What the engine hands back each step: cumulative tokens plus the streaming deltas.
+
+Outputs are snapshots, yet building one is O(1): copying a request's tokens, token times and
+text every step would cost O(length) per sequence-step. The engine only ever appends to those
+(the detokenizer's text is cut only beyond what it emitted), so "the first ``n`` items of the
+live list" *is* the snapshot. ``of()`` records ``n`` and the ``Lazy`` fields copy the prefix on
+first read, then keep it. Readers see plain lists, strings and dataclasses (==, slicing,
+``asdict``, pickling, pydantic); nothing in an output is shared with the live request.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.sequence import Sequence
 
 
+class Lazy:
+    """A field of a ``@dataclass(slots=True)`` whose slot left unset means "not copied yet"
+    (``of()`` builds with ``__new__`` and skips it): the first read computes it with
+    ``resolve(obj)`` and stores it. Installed over the field's slot after ``@dataclass`` ran,
+    so the field keeps its default and place, and ``__init__`` sets it as usual."""
+
+    __slots__ = ("name", "resolve", "slot")
+
+    def __init__(self, name: str, slot: Any, resolve: Callable[[Any], Any]) -> None:
+        self.name, self.slot, self.resolve = name, slot, resolve
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        try:
+            return self.slot.__get__(obj)
+        except AttributeError:
+            value = self.resolve(obj)
+            self.slot.__set__(obj, value)
+            return value
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        self.slot.__set__(obj, value)
+
+    @classmethod
+    def install(cls, owner: type, name: str, resolve: Callable[[Any], Any]) -> None:
+        setattr(owner, name, cls(name, owner.__dict__[name], resolve))
+
+
+class Snapshot:
+    """Where a snapshot's lazy fields come from: the live request and what counted as of
+    then. Slots, not dataclass fields, so ``asdict``, ``==``, copies and pickles (dataclass's
+    slots ``__getstate__`` reads every field) carry values, never the live request."""
+
+    __slots__ = ("_counts", "_seq")
+
+
 @dataclass(slots=True)
-class RequestMetrics:
+class RequestMetrics(Snapshot):
     arrival_time: float
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -32,9 +79,10 @@ class RequestMetrics:
     @property
     def tpot(self) -> float | None:
         """Mean time per output token after the first."""
-        if len(self.token_times) < 2:
+        times = self.token_times
+        if len(times) < 2:
             return None
-        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
+        return (times[-1] - times[0]) / (len(times) - 1)
 
     @property
     def e2e(self) -> float | None:
@@ -44,20 +92,32 @@ class RequestMetrics:
 
     @classmethod
     def of(cls, seq: Sequence) -> RequestMetrics:
-        # positional, in field order: built once per request per step
-        return cls(
-            seq.arrival_time,
+        """The request's metrics now, in O(1) (``token_times`` is copied on first read)."""
+        return cls._of(
+            seq,
+            len(seq.token_times),
             seq.first_scheduled_time,
             seq.first_token_time,
-            seq.token_times[:],
             seq.finish_time,
             seq.num_preemptions,
             seq.num_cached_tokens,
         )
 
+    @classmethod
+    def _of(cls, seq: Sequence, num_times: int, *values: Any) -> RequestMetrics:
+        out = cls.__new__(cls)
+        out.arrival_time = seq.arrival_time
+        out.first_scheduled_time, out.first_token_time = values[0], values[1]
+        out.finish_time, out.num_preemptions, out.num_cached_tokens = values[2:]
+        out._seq, out._counts = seq, num_times
+        return out
+
+
+Lazy.install(RequestMetrics, "token_times", lambda m: m._seq.token_times[: m._counts])
+
 
 @dataclass(slots=True)
-class RequestOutput:
+class RequestOutput(Snapshot):
     request_id: str
     prompt_token_ids: list[int]
     token_ids: list[int]
@@ -76,24 +136,39 @@ class RequestOutput:
 
     @classmethod
     def of(cls, seq: Sequence, new_token_ids: list[int], error: str | None = None) -> RequestOutput:
-        """The request's output now; takes the detokenizer's pending text delta."""
+        """The request's output now, in O(1); takes the detokenizer's pending text delta."""
+        out = cls.__new__(cls)  # hot: once per request per step; Lazy fields left unset
+        out.request_id = seq.seq_id
+        out.prompt_token_ids = seq.prompt_token_ids
+        out.new_token_ids = new_token_ids
+        out.finish_reason = seq.finish_reason
+        out.stop_reason = seq.stop_reason
+        out.error = error
+        out._seq = seq
         detok = seq.detokenizer
-        if detok is None:
-            text = delta = ""
-        else:
-            delta = detok.take_delta(seq.is_finished)  # advances ``emitted``
-            text = detok.text[: detok.emitted]
-        prompt = seq.prompt_token_ids
-        # positional, in field order: built once per request per step
-        return cls(
-            seq.seq_id,
-            prompt,
-            seq.token_ids[len(prompt) :],
-            new_token_ids,
-            text,
-            delta,
-            seq.finish_reason,
-            RequestMetrics.of(seq),
-            seq.stop_reason,
-            error,
+        out.text_delta = "" if detok is None else detok.take_delta(seq.is_finished)
+        out._counts = (  # tokens, characters, then what RequestMetrics.of copies, as of now
+            len(seq.token_ids),
+            0 if detok is None else detok.emitted,
+            len(seq.token_times),
+            seq.first_scheduled_time,
+            seq.first_token_time,
+            seq.finish_time,
+            seq.num_preemptions,
+            seq.num_cached_tokens,
         )
+        return out
+
+
+def _text(out: RequestOutput) -> str:
+    detok = out._seq.detokenizer
+    return "" if detok is None else detok.text[: out._counts[1]]
+
+
+Lazy.install(
+    RequestOutput,
+    "token_ids",
+    lambda o: o._seq.token_ids[len(o.prompt_token_ids) : o._counts[0]],
+)
+Lazy.install(RequestOutput, "text", _text)
+Lazy.install(RequestOutput, "metrics", lambda o: RequestMetrics._of(o._seq, *o._counts[2:]))
