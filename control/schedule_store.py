@@ -230,8 +230,12 @@ class Schedules:
         except SettingsInvalid as exc:
             log.error("schedule %s: its setting does not fit this engine: %s", row.id, exc)
             result = None
+        applied = result.version if result is not None else None
+        if result is not None and not result.stored:  # its setting was in force already
+            newest = self._store.newest(session)
+            applied = newest.version if newest.actor.startswith(ACTOR_PREFIX) else None
         row.window_start = start
-        row.applied_version = result.version if result is not None else None
+        row.applied_version = applied
         session.add(row)
         session.commit()
         log.info("schedule %s window started: version %s", row.id, row.applied_version)
@@ -249,8 +253,9 @@ class Schedules:
             outcome = f"superseded by schedule {next_id}"
         elif person is not None:
             outcome = f"kept: {person.actor} changed the setting (version {person.version})"
+        elif (before := self._restore_target(session)) is None:
+            outcome = "kept: no setting from before the schedules to restore"
         else:
-            before = self._restore_target(session)
             update = PolicyUpdate(
                 policy=before.policy,
                 memory_reserve=before.memory_reserve,
@@ -263,7 +268,8 @@ class Schedules:
                 )
             except VersionConflict:
                 return
-            outcome = f"restored in version {result.version}"
+            stored = "restored in version" if result.stored else "already in force: version"
+            outcome = f"{stored} {result.version}"
         row.applied_version = None
         if next_id is not None:
             row.window_start = None  # its window, if still open, applies again when it wins
@@ -273,14 +279,15 @@ class Schedules:
         session.commit()
         log.info("schedule %s window ended: %s", row.id, outcome)
 
-    def _restore_target(self, session: Session) -> PolicySettings:
+    def _restore_target(self, session: Session) -> PolicySettings | None:
         """The ``before`` of the oldest version in the newest run of schedule versions: the
-        setting in force before the schedules took over."""
+        setting in force before the schedules took over (None when there is no such run)."""
         rows = session.exec(select(PolicyVersion).order_by(col(PolicyVersion.version).desc()))
         oldest: PolicyVersion | None = None
         for version in rows:
             if not version.actor.startswith(ACTOR_PREFIX):
                 break
             oldest = version
-        assert oldest is not None and oldest.before is not None
+        if oldest is None or oldest.before is None:
+            return None
         return PolicySettings.model_validate(oldest.before)

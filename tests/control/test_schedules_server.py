@@ -164,3 +164,15 @@ def test_params_over_the_engine_caps_are_422(client: httpx.Client) -> None:
 
 def test_schedules_need_the_admin_token(client: httpx.Client) -> None:
     assert client.get("/admin/schedules").status_code == 401
+
+
+def test_a_window_equal_to_the_setting_in_force_stores_nothing(server: ServerProcess) -> None:
+    with server.client() as http:
+        mine = set_settings(http, policy={"name": "dynamic", "params": {"length_window": 64}})
+        start, body = window(2, 4)
+        sid = create(http, body)["id"]
+        sleep_until(start + timedelta(seconds=1.5))
+        assert http.get("/admin/schedules", headers=ADMIN).json()["active"] == sid
+        sleep_until(start + timedelta(seconds=7))
+        now = policy(http)
+        assert (now["version"], now["actor"]) == (mine["version"], "admin")
