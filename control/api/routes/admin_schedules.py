@@ -13,6 +13,7 @@ from control.models import SQLITE_INTEGER_MAX
 from control.schedule_store import ScheduleNotFound
 from control.schemas import (
     ADMIN_ERRORS,
+    BAD_BODY,
     AdminError,
     ScheduleCreate,
     ScheduleDetail,
@@ -29,7 +30,7 @@ router = APIRouter(
 )
 
 
-@router.post("", response_model=ScheduleView, status_code=201)
+@router.post("", response_model=ScheduleView, status_code=201, responses=BAD_BODY)
 def create_schedule(
     body: ScheduleCreate, runtime: RuntimeDep, session: SessionDep, actor: ActorDep
 ) -> ScheduleView:
