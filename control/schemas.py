@@ -321,6 +321,12 @@ class SettingPrediction(BaseModel):
     ttft_p50_s: float | None = Field(description="Predicted median time to first token.")
     ttft_p99_s: float | None = Field(description="Predicted 99th-percentile time to first token.")
     tpot_p50_s: float | None = Field(description="Predicted median time per output token.")
+    tpot_p99_s: float | None = Field(
+        None, description="Predicted 99th-percentile time per output token."
+    )
+    goodput_rps: float | None = Field(
+        None, description="Predicted requests/s within the guardrail's objectives (when asked)."
+    )
     requests: int = Field(description="Requests the simulation completed.")
 
 
