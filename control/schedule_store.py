@@ -109,6 +109,14 @@ class Schedules:
         active = window.schedule_id if window else None
         return ScheduleList(items=[self._view(r, now, active) for r in rows], active=active)
 
+    def in_force(self, now: datetime | None = None) -> int | None:
+        """The id of the schedule whose window is in force at ``now`` (default: the clock),
+        by the same ``active_window`` the job uses; None when no window is open."""
+        moment = self._clock() if now is None else now
+        with Session(self._db) as session:
+            window = active_window([spec_of(r) for r in self._live(session)], moment)
+        return window.schedule_id if window else None
+
     def get(self, session: Session, schedule_id: int) -> ScheduleDetail:
         now = self._clock()
         row = self._row(session, schedule_id)
