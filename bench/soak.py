@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +30,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from bench import child_server
 from engine.stats import percentile
 
 POLICY_CYCLE = ("static", "dynamic", "continuous", "hybrid")
@@ -125,40 +124,14 @@ def make_prompts(config: SoakConfig, vocab_size: int) -> list[Prompt]:
 # -- the server --------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_server(
     model_dir: Path, workdir: Path, config: SoakConfig
 ) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    argv = [
-        sys.executable, "-m", "control.cli", "serve",
-        "--model", str(model_dir), "--port", str(port), "--db", str(workdir / "soak.db"),
-        "--admin-token", TOKEN, "--num-threads", str(config.num_threads),
-        "--max-model-len", str(config.max_model_len), "--max-waiting", "512",
-        "--reclaim-interval-s", str(config.reclaim_interval_s), "--log-level", "warning",
+    args = [
+        "--num-threads", str(config.num_threads), "--max-model-len", str(config.max_model_len),
+        "--max-waiting", "512", "--reclaim-interval-s", str(config.reclaim_interval_s),
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SERVEDECK_")}
-    env |= {"SERVEDECK_HOME": str(workdir), "TOKENIZERS_PARALLELISM": "false"}
-    log = (workdir / "server.log").open("w")
-    proc = subprocess.Popen(argv, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}; see {workdir}/server.log")
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("server not ready after 120 s")
+    return child_server.start_server(model_dir, workdir, TOKEN, args)
 
 
 # -- traffic -----------------------------------------------------------------------------------

@@ -205,8 +205,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_policy(args: argparse.Namespace) -> int:
-    from control.policy_cli import run
+def cmd_admin(args: argparse.Namespace) -> int:
+    """``servedeck policy|schedule|guardrail ...``: the admin API over HTTP."""
+    from control.rest_cli import run
 
     return run(args, local_token=lambda: _local_admin_token(args.db))
 
@@ -257,9 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--read-only", action="store_true", help="hide every action that changes")
     p.set_defaults(func=cmd_tui)
 
-    from control.policy_cli import add_parser as add_policy_parser
+    from control import guardrail_cli, policy_cli, schedule_cli
 
-    add_policy_parser(sub, cmd_policy)
+    for admin_cli in (policy_cli, schedule_cli, guardrail_cli):
+        admin_cli.add_parser(sub, cmd_admin)
 
     from bench.cli import DEFAULT_THREADS
     from bench.cli import add_parser as add_bench_parser
@@ -269,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.simulate import add_parser as add_simulate_parser
 
     add_simulate_parser(sub)
+
+    from bench.load import add_parser as add_load_parser
+
+    add_load_parser(sub)
 
     p = sub.add_parser("calibrate", help="fit a step cost model to this engine on this machine")
     p.add_argument("--model", help="Hugging Face model folder (default: the embedded small)")

@@ -1,0 +1,337 @@
+"""``servedeck load``: an OpenAI-compatible load generator for a running server.
+
+Open loop (``rate``: Poisson arrivals at R requests/s, or ``trace``: a simulator trace's
+arrival times and lengths, replayed on the wall clock) or closed loop (``concurrency``: C
+clients, each sending its next request when the last one ended). Prompts are token ids of the
+exact length asked for and ``ignore_eos`` holds the output to its length, so a run is the load
+it says it is. Every request streams; the client's own clock stamps the send, each chunk and
+the end, and the figures are the benchmark's (``bench.metrics``: TTFT, TPOT, e2e, throughput
+over the run's duration). The rate can change while it runs (``set_rate``; 0 pauses), which
+``servedeck up --demo-load`` uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+
+from bench.metrics import request_metrics
+from bench.runner import RequestRecord
+from engine.outputs import RequestMetrics
+from sim.trace import TraceRequest, Uniform, read_trace
+
+TOKEN_IDS = (10, 250)
+"""Prompt token ids are drawn from this range: inside every vocabulary we serve."""
+PAUSED_POLL_S = 0.2
+DEFAULT_PROMPT_TOKENS = Uniform(32, 256)
+DEFAULT_OUTPUT_TOKENS = Uniform(16, 128)
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    url: str = "http://127.0.0.1:8000"
+    api_key: str | None = None
+    model: str | None = None
+    rate: float | None = None
+    concurrency: int | None = None
+    trace: Path | None = None
+    duration_s: float | None = 60.0
+    prompt_tokens: Uniform = DEFAULT_PROMPT_TOKENS
+    output_tokens: Uniform = DEFAULT_OUTPUT_TOKENS
+    seed: int = 0
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        modes = [m for m in (self.rate, self.concurrency, self.trace) if m is not None]
+        if len(modes) != 1:
+            raise ValueError("give exactly one of rate, concurrency or trace")
+        if self.rate is not None and self.rate < 0:
+            raise ValueError(f"rate must be >= 0, got {self.rate}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+
+
+@dataclass
+class LoadResult:
+    records: list[RequestRecord] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    started: float = 0.0
+    duration_s: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return request_metrics(self.records, self.duration_s, None) | {"failed": len(self.failures)}
+
+
+class LoadGenerator:
+    def __init__(self, config: LoadConfig, out: TextIO | None = None) -> None:
+        self.config = config
+        self.rate = config.rate
+        self.result = LoadResult()
+        self.sent = 0
+        self.in_flight = 0
+        self._rng = random.Random(config.seed)
+        self._out = out
+        self._stop = asyncio.Event()
+
+    def set_rate(self, rate: float) -> None:
+        """A new Poisson rate from now on (open loop only); 0 pauses."""
+        if self.config.rate is None:
+            raise ValueError("only an open-loop (rate) run changes its rate")
+        self.rate = rate
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> LoadResult:
+        config = self.config
+        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        async with httpx.AsyncClient(
+            base_url=config.url, headers=headers, timeout=config.timeout_s, limits=limits
+        ) as http:
+            model = config.model or await _first_model(http)
+            self.result.started = time.perf_counter()
+            shown = asyncio.create_task(self._show())
+            try:
+                if config.concurrency is not None:
+                    await asyncio.gather(
+                        *(self._client(http, model) for _ in range(config.concurrency))
+                    )
+                else:
+                    tasks = [
+                        asyncio.create_task(self._one(http, model, request))
+                        async for request in self._arrivals()
+                    ]
+                    await asyncio.gather(*tasks)
+            finally:
+                shown.cancel()
+                self._draw(final=True)
+        self.result.duration_s = time.perf_counter() - self.result.started
+        return self.result
+
+    # -- arrivals --------------------------------------------------------------------------
+
+    def _deadline_passed(self) -> bool:
+        limit = self.config.duration_s
+        elapsed = time.perf_counter() - self.result.started
+        return self._stop.is_set() or (limit is not None and elapsed >= limit)
+
+    def _draw_request(self) -> TraceRequest:
+        config = self.config
+        return TraceRequest(
+            0.0, config.prompt_tokens.draw(self._rng), config.output_tokens.draw(self._rng)
+        )
+
+    async def _arrivals(self) -> AsyncIterator[TraceRequest]:
+        """Yield each request at its arrival time (trace) or after a Poisson gap (rate)."""
+        if self.config.trace is not None:
+            for request in read_trace(self.config.trace):
+                if not await self._sleep_until(self.result.started + request.arrived_at):
+                    return
+                yield request
+            return
+        while not self._deadline_passed():
+            if not self.rate:
+                await self._sleep_until(time.perf_counter() + PAUSED_POLL_S)
+                continue
+            yield self._draw_request()
+            if not await self._sleep_until(time.perf_counter() + self._rng.expovariate(self.rate)):
+                return
+
+    async def _sleep_until(self, moment: float) -> bool:
+        """Sleep until ``moment``; False when the run ended first."""
+        while (left := moment - time.perf_counter()) > 0:
+            if self._deadline_passed():
+                return False
+            try:
+                await asyncio.wait_for(self._stop.wait(), min(left, 0.5))
+                return False
+            except TimeoutError:
+                pass
+        return not self._deadline_passed()
+
+    async def _client(self, http: httpx.AsyncClient, model: str) -> None:
+        while not self._deadline_passed():
+            await self._one(http, model, self._draw_request())
+
+    # -- one request -----------------------------------------------------------------------
+
+    async def _one(self, http: httpx.AsyncClient, model: str, request: TraceRequest) -> None:
+        body = {
+            "model": model,
+            "prompt": [self._rng.randint(*TOKEN_IDS) for _ in range(request.num_prefill_tokens)],
+            "max_tokens": request.num_decode_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        index = self.sent
+        self.sent += 1
+        self.in_flight += 1
+        metrics = RequestMetrics(arrival_time=time.perf_counter())
+        try:
+            async with http.stream("POST", "/v1/completions", json=body) as response:
+                if response.status_code != 200:
+                    text = (await response.aread()).decode(errors="replace")
+                    self.result.failures.append(f"{response.status_code}: {text[:200]}")
+                    return
+                async for event in _events(response):
+                    if "error" in event:
+                        self.result.failures.append(json.dumps(event)[:200])
+                        return
+                    if any(choice.get("text") for choice in event.get("choices", [])):
+                        now = time.perf_counter()
+                        if metrics.first_token_time is None:
+                            metrics.first_token_time = now
+                        metrics.token_times.append(now)
+            metrics.finish_time = time.perf_counter()
+            self.result.records.append(
+                RequestRecord(index, "", request.num_prefill_tokens, metrics)
+            )
+        except httpx.HTTPError as exc:
+            self.result.failures.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            self.in_flight -= 1
+
+    # -- the live line ---------------------------------------------------------------------
+
+    async def _show(self) -> None:
+        while True:
+            self._draw()
+            await asyncio.sleep(0.5)
+
+    def _draw(self, final: bool = False) -> None:
+        out = self._out if self._out is not None else sys.stderr
+        if not (final or out.isatty()):
+            return
+        elapsed = time.perf_counter() - self.result.started
+        tokens = sum(r.output_tokens for r in self.result.records)
+        rate = f" rate {self.rate:g}/s" if self.rate is not None else ""
+        line = (
+            f"[load] {elapsed:6.1f}s{rate} sent {self.sent} done {len(self.result.records)} "
+            f"failed {len(self.result.failures)} in flight {self.in_flight} · "
+            f"{tokens / elapsed if elapsed > 0 else 0.0:.0f} output tok/s"
+        )
+        out.write(("\r\033[K" if out.isatty() else "") + line + ("\n" if final else ""))
+        out.flush()
+
+
+async def _first_model(http: httpx.AsyncClient) -> str:
+    response = await http.get("/v1/models")
+    response.raise_for_status()
+    return response.json()["data"][0]["id"]
+
+
+async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    async for line in response.aiter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])
+
+
+SUMMARY_ROWS = (
+    ("completed", "requests completed", "{:.0f}"),
+    ("failed", "requests failed", "{:.0f}"),
+    ("duration_s", "duration (s)", "{:.1f}"),
+    ("request_throughput", "requests/s", "{:.2f}"),
+    ("output_throughput", "output tok/s", "{:.1f}"),
+    ("ttft_p50", "TTFT p50 (ms)", "ms"),
+    ("ttft_p90", "TTFT p90 (ms)", "ms"),
+    ("ttft_p99", "TTFT p99 (ms)", "ms"),
+    ("tpot_p50", "TPOT p50 (ms)", "ms"),
+    ("tpot_p99", "TPOT p99 (ms)", "ms"),
+    ("e2e_p50", "e2e p50 (ms)", "ms"),
+    ("e2e_p99", "e2e p99 (ms)", "ms"),
+)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    lines = []
+    for key, label, fmt in SUMMARY_ROWS:
+        value = summary.get(key)
+        if value is None:
+            text = "-"
+        elif fmt == "ms":
+            text = f"{value * 1000:.0f}"
+        else:
+            text = fmt.format(value)
+        lines.append(f"{label:<20} {text:>10}")
+    return "\n".join(lines)
+
+
+def run_load(config: LoadConfig, on_start: Callable[[LoadGenerator], None] | None = None):
+    """Run a load to its end from synchronous code; returns the ``LoadResult``."""
+
+    async def main() -> LoadResult:
+        generator = LoadGenerator(config)
+        if on_start is not None:
+            on_start(generator)
+        return await generator.run()
+
+    return asyncio.run(main())
+
+
+def _span(text: str) -> Uniform:
+    lo, _, hi = text.partition("-")
+    try:
+        span = Uniform(int(lo), int(hi or lo))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or LO-HI, got {text!r}") from None
+    if not 1 <= span.lo <= span.hi:
+        raise argparse.ArgumentTypeError(f"expected 1 <= LO <= HI, got {text!r}")
+    return span
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("load", help="send OpenAI requests to a server and report latency")
+    p.add_argument("--url", default=os.environ.get("SERVEDECK_URL", LoadConfig.url))
+    p.add_argument("--api-key", default=os.environ.get("SERVEDECK_API_KEY"))
+    p.add_argument("--model", help="model id (default: the server's first)")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second")
+    mode.add_argument("--concurrency", type=int, help="closed loop: clients in parallel")
+    mode.add_argument("--trace", type=Path, help="open loop: replay a trace CSV (sim format)")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of sending (rate, C)")
+    p.add_argument("--prompt-tokens", type=_span, default=DEFAULT_PROMPT_TOKENS)
+    p.add_argument("--output-tokens", type=_span, default=DEFAULT_OUTPUT_TOKENS)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, help="also write the summary here")
+    p.set_defaults(func=cmd_load)
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    config = LoadConfig(
+        url=args.url,
+        api_key=args.api_key,
+        model=args.model,
+        rate=args.rate,
+        concurrency=args.concurrency,
+        trace=args.trace,
+        duration_s=None if args.trace is not None else args.duration,
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+        seed=args.seed,
+    )
+    try:
+        result = run_load(config)
+    except httpx.HTTPError as exc:
+        print(f"servedeck load: {config.url}: {exc}", file=sys.stderr)
+        return 1
+    summary = result.summary()
+    print(format_summary(summary))
+    for failure in result.failures[:5]:
+        print(f"failed: {failure}", file=sys.stderr)
+    if args.json is not None:
+        args.json.write_text(json.dumps(summary, indent=1) + "\n")
+    return 1 if result.failures and not result.records else 0
