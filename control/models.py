@@ -124,3 +124,43 @@ class ScheduleChange(SQLModel, table=True):
     before: dict[str, Any] | None = Field(default=None, sa_type=JSON)
     after: dict[str, Any] | None = Field(default=None, sa_type=JSON)
     at: datetime = timestamp_field(default_factory=utcnow)
+
+
+class GuardrailSetting(SQLModel, table=True):
+    """One row per stored guardrail config (``PUT /admin/guardrail``); the newest is in force.
+    ``config`` is the whole ``GuardrailConfig`` document."""
+
+    __tablename__ = "guardrail_setting"
+
+    id: int | None = Field(default=None, primary_key=True)
+    created_at: datetime = timestamp_field(default_factory=utcnow)
+    actor: str
+    reason: str
+    config: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
+
+
+class GuardrailDecision(SQLModel, table=True):
+    """One row per guardrail evaluation that proposed a change (``DecisionView``'s fields;
+    settings, predictions and figures as JSON). ``observed_after`` and ``prediction_error``
+    are filled once the interval after the decision has passed (``filled_at`` set then)."""
+
+    __tablename__ = "guardrail_decision"
+
+    id: int | None = Field(default=None, primary_key=True)
+    at: datetime = timestamp_field(default_factory=utcnow, index=True)
+    mode: str
+    outcome: str
+    reason: str
+    current: dict[str, Any] = Field(sa_type=JSON)
+    chosen: dict[str, Any] = Field(sa_type=JSON)
+    predicted_current: dict[str, Any] = Field(sa_type=JSON)
+    predicted: dict[str, Any] = Field(sa_type=JSON)
+    candidates: list[dict[str, Any]] = Field(default_factory=list, sa_type=JSON)
+    observed_before: dict[str, Any] | None = Field(default=None, sa_type=JSON)
+    correction: float
+    trace_requests: int
+    version: int | None = None
+    interval_s: float = Field(description="The evaluation interval: observed_after spans it.")
+    observed_after: dict[str, Any] | None = Field(default=None, sa_type=JSON)
+    prediction_error: dict[str, float] | None = Field(default=None, sa_type=JSON)
+    filled_at: datetime | None = timestamp_field(default=None)
