@@ -6,6 +6,10 @@ the ``AsyncEngine``'s ``on_finished`` hook (so a request enters once its output 
 known) and exported as the simulator's trace (``sim.trace``'s CSV) by ``GET /admin/trace.csv``.
 Requests that were aborted or failed are left out: their output length is not what the
 client asked for, so replaying it would predict a different load.
+
+Each entry also keeps when the request got its first token and finished, and its TTFT and
+TPOT: ``finished(since, until)`` is what the guardrail measures the engine by (its observed
+figures over a window), from the same record the simulator replays.
 """
 
 from __future__ import annotations
@@ -23,11 +27,26 @@ SKIPPED_REASONS = frozenset({"abort", "error"})
 
 
 @dataclass(frozen=True, slots=True)
+class Finished:
+    """A finished request as the guardrail measures it (times on the engine's clock)."""
+
+    finish_time: float
+    ttft: float
+    tpot: float | None
+    """Mean time per output token after the first; None for a one-token request."""
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class Arrival:
     arrival_time: float
-    """On the engine's clock (monotonic seconds)."""
+    """On the engine's clock (monotonic seconds), like every time here."""
     prompt_tokens: int
     generated_tokens: int
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    ttft: float | None = None
+    tpot: float | None = None
 
 
 class ArrivalLog:
@@ -48,8 +67,15 @@ class ArrivalLog:
         """The ``on_finished`` hook: keep a finished request's arrival and lengths."""
         if output.finish_reason in SKIPPED_REASONS or not output.token_ids:
             return
+        metrics = output.metrics
         arrival = Arrival(
-            output.metrics.arrival_time, len(output.prompt_token_ids), len(output.token_ids)
+            metrics.arrival_time,
+            len(output.prompt_token_ids),
+            len(output.token_ids),
+            metrics.first_token_time,
+            metrics.finish_time,
+            metrics.ttft,
+            metrics.tpot,
         )
         with self._lock:
             self._arrivals.append(arrival)
@@ -72,4 +98,15 @@ class ArrivalLog:
                 num_decode_tokens=a.generated_tokens,
             )
             for a in arrivals
+        ]
+
+    def finished(self, since: float, until: float) -> list[Finished]:
+        """The requests that finished in ``(since, until]`` (engine clock), in the order
+        they were recorded."""
+        with self._lock:
+            arrivals = list(self._arrivals)
+        return [
+            Finished(a.finish_time, a.ttft, a.tpot, a.generated_tokens)
+            for a in arrivals
+            if a.finish_time is not None and a.ttft is not None and since < a.finish_time <= until
         ]

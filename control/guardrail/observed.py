@@ -1,0 +1,83 @@
+"""What the engine did, measured, and how that compares with the cost model's prediction:
+the guardrail's observed figures over a window of finished requests, the cost model's
+correction (observed ÷ predicted step time) and a decision's prediction error. Pure: no I/O,
+no clock reads (``control.guardrail.plan`` re-exports these).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from control.arrivals import Finished
+from control.guardrail.schemas import Objectives, ObservedFigures
+from control.schemas import SettingPrediction
+from engine.stats import percentile
+
+CORRECTION_BOUNDS = (0.2, 5.0)
+CORRECTION_SMOOTHING = 0.5
+"""Weight of the newest observation in the correction's moving average."""
+
+
+def correction(
+    observed: ObservedFigures | None, predicted: SettingPrediction, previous: float | None
+) -> float:
+    """How much slower the engine runs than the cost model says: observed ÷ predicted step
+    time, read as TPOT p99 (TTFT p99 when either TPOT is unknown) of the setting in force,
+    predicted unscaled. Averaged with ``previous`` (weight ``CORRECTION_SMOOTHING`` on the new
+    one) and clamped into ``CORRECTION_BOUNDS``; ``previous`` (or 1.0) when nothing compares."""
+    ratio = None
+    if observed is not None:
+        for field in ("tpot_p99_s", "ttft_p99_s"):
+            seen, said = getattr(observed, field), getattr(predicted, field)
+            if seen is not None and said:
+                ratio = seen / said
+                break
+    if ratio is None:
+        return 1.0 if previous is None else previous
+    if previous is not None:
+        ratio = CORRECTION_SMOOTHING * ratio + (1 - CORRECTION_SMOOTHING) * previous
+    return min(max(ratio, CORRECTION_BOUNDS[0]), CORRECTION_BOUNDS[1])
+
+
+def within(record: Finished, objectives: Objectives) -> bool:
+    """Whether one request met the latency objectives (a one-token request has no TPOT)."""
+    if objectives.ttft_p99_s is not None and not record.ttft <= objectives.ttft_p99_s:
+        return False
+    tpot = record.tpot
+    return objectives.tpot_p99_s is None or tpot is None or tpot <= objectives.tpot_p99_s
+
+
+def observed_figures(
+    records: list[Finished],
+    since: datetime,
+    until: datetime,
+    span_s: float,
+    objectives: Objectives,
+) -> ObservedFigures:
+    """The figures of the requests that finished in a window ``span_s`` seconds long (rates
+    per second of the window; goodput counts the requests within the latency objectives)."""
+    ttfts = [r.ttft for r in records]
+    tpots = [r.tpot for r in records if r.tpot is not None]
+    tokens = sum(r.output_tokens for r in records)
+    good = sum(1 for r in records if within(r, objectives))
+    return ObservedFigures(
+        since=since,
+        until=until,
+        requests=len(records),
+        output_tokens_per_s=tokens / span_s if span_s > 0 else 0.0,
+        ttft_p99_s=percentile(ttfts, 99),
+        tpot_p99_s=percentile(tpots, 99),
+        goodput_rps=good / span_s if span_s > 0 else None,
+    )
+
+
+def prediction_error(
+    observed_after: ObservedFigures, predicted: SettingPrediction
+) -> dict[str, float] | None:
+    """observed ÷ predicted for each figure both know (1.0 is exact); None when none does."""
+    errors = {}
+    for field in ("ttft_p99_s", "tpot_p99_s", "output_tokens_per_s"):
+        seen, said = getattr(observed_after, field), getattr(predicted, field)
+        if seen is not None and said:
+            errors[field] = seen / said
+    return errors or None
