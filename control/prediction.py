@@ -1,136 +1,64 @@
-"""Predictions for a dry run: the what-if simulator replays the recorded traffic under the
-setting in force and under the candidate, in a separate process.
+"""Predictions: the what-if simulator replays the recorded traffic under given settings, in a
+separate process. The dry run asks for two (the setting in force and the candidate), the
+guardrail for many at once.
 
-The simulation runs in one spawned worker process (``ProcessPoolExecutor``), so a dry run
-never takes the engine's GIL or its cores' time beyond that process; the trace is capped to the
-most recent requests and the run to a wall-clock deadline. The worker enforces the deadline
-itself (its cost model raises once the deadline has passed, so a long simulation stops at the
-next step instead of keeping the worker busy), and the server stops waiting at the same time.
-Without a cost model, without recorded traffic, on a timeout or a failure the answer says
-there is no prediction and why.
+The simulation runs in one spawned worker process (``ProcessPoolExecutor``; its side is
+``control.prediction_worker``), so a prediction never takes the engine's GIL or its cores'
+time beyond that process; the trace is capped to the most recent requests and each request
+for predictions (however many settings) to one wall-clock deadline, which the worker enforces
+itself and the server waits no longer than. Without a cost model, without recorded traffic,
+on a timeout or a failure the answer says there is no prediction and why (the dry run's
+``Prediction``, or ``PredictionUnavailable`` from ``evaluate``).
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from functools import lru_cache
 
 from control.arrivals import ArrivalLog
+from control.guardrail.schemas import Objectives
+from control.prediction_worker import (
+    TIMED_OUT,
+    DeadlinePassed,
+    cached_cost_model,
+    lower_priority,
+    simulate_settings,
+    summarise,
+    warm,
+)
 from control.schemas import PolicySettings, Prediction, SettingPrediction
 from engine.config import EngineLimits
-from engine.outputs import RequestMetrics
-from engine.stats import percentile
-from sim.cost_model import CostModel, StepShape
 from sim.trace import TraceRequest
+
+__all__ = [
+    "TIMED_OUT",
+    "PredictionUnavailable",
+    "Predictor",
+    "simulate_settings",
+    "summarise",
+    "unavailable",
+]
 
 log = logging.getLogger(__name__)
 
-TIMED_OUT = "no prediction: timed out"
+NO_COST_MODEL = "no prediction: the server has no cost model (start it with --cost-model)"
+NO_TRAFFIC = "no prediction: no traffic recorded yet"
+BUSY = "no prediction: another prediction is running"
 RESULT_GRACE_S = 0.25
 """How long past the deadline the server waits for the worker to report that it stopped."""
 
 
-class DeadlinePassed(Exception):
-    """Raised inside the worker when the simulation ran out of its time."""
+class PredictionUnavailable(Exception):
+    """No prediction, and why (``reason``, a sentence for a person)."""
 
-
-@lru_cache(maxsize=4)
-def _cost_model(spec: str) -> CostModel:
-    from sim.models import load_cost_model
-
-    return load_cost_model(spec)
-
-
-class _Deadline(CostModel):
-    """The worker's cost model: the real one, refusing to price a step after ``deadline``."""
-
-    def __init__(self, inner: CostModel, deadline: float) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.deadline = deadline
-
-    def step_time(self, shape: StepShape) -> float:
-        if time.time() > self.deadline:
-            raise DeadlinePassed(TIMED_OUT)
-        return self.inner.step_time(shape)
-
-    def kv_cache_blocks(self, block_size: int) -> int | None:
-        return self.inner.kv_cache_blocks(block_size)
-
-
-WORKER_NICENESS = 10
-"""The worker runs at the lowest CPU priority: on a machine whose cores the engine uses, a
-prediction takes what the engine leaves."""
-
-
-def lower_priority() -> None:
-    """The worker's initializer."""
-    os.nice(WORKER_NICENESS)
-
-
-def warm(spec: str) -> str:
-    """Run once in the worker at start: a one-request simulation imports and loads everything
-    (simulator, policies, cost model), so the first dry run pays for none of it."""
-    from sim.simulator import simulate
-
-    model = _cost_model(spec)
-    simulate([TraceRequest(0.0, 1, 1)], model, "continuous", None)
-    return model.name
-
-
-def simulate_settings(
-    spec: str,
-    trace: list[TraceRequest],
-    limits: EngineLimits,
-    settings: list[PolicySettings],
-    deadline: float,
-) -> list[SettingPrediction]:
-    """In the worker: simulate ``trace`` once per setting and summarise each run."""
-    from sim.calibrated import CalibratedModel
-    from sim.simulator import SimSetup, simulate
-
-    inner = _cost_model(spec)
-    model = _Deadline(inner, deadline)
-    # A calibration is of this machine: the server's own pool (its --num-kv-blocks) is the
-    # truth. A profile of another GPU sizes the pool a real engine would have there.
-    blocks = limits.num_kv_blocks if isinstance(inner, CalibratedModel) else None
-    predictions = []
-    for setting in settings:
-        setup = SimSetup(
-            block_size=limits.block_size,
-            max_num_seqs=limits.max_num_seqs,
-            max_num_batched_tokens=limits.max_num_batched_tokens,
-            memory_reserve=setting.memory_reserve,
-            max_model_len=limits.max_model_len,
-            num_kv_blocks=blocks,
-        )
-        result = simulate(trace, model, setting.policy, setup)
-        predictions.append(summarise([r.metrics for r in result.records]))
-    return predictions
-
-
-def summarise(metrics: list[RequestMetrics]) -> SettingPrediction:
-    """Output tok/s over the run (first arrival to last finish), TTFT p50/p99, TPOT p50."""
-    done = [m for m in metrics if m.finish_time is not None]
-    tokens = sum(len(m.token_times) for m in done)
-    span = max((m.finish_time for m in done), default=0.0) - min(
-        (m.arrival_time for m in done), default=0.0
-    )
-    ttfts = [m.ttft for m in done if m.ttft is not None]
-    tpots = [m.tpot for m in done if m.tpot is not None]
-    return SettingPrediction(
-        output_tokens_per_s=tokens / span if span > 0 else 0.0,
-        ttft_p50_s=percentile(ttfts, 50),
-        ttft_p99_s=percentile(ttfts, 99),
-        tpot_p50_s=percentile(tpots, 50),
-        requests=len(done),
-    )
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def unavailable(reason: str, cost_model: str | None = None, trace: int = 0) -> Prediction:
@@ -161,7 +89,7 @@ class Predictor:
         self._executor: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
         if cost_model is not None:
-            self.name = _cost_model(cost_model).name  # a bad file or name fails the start
+            self.name = cached_cost_model(cost_model).name  # a bad file or name fails the start
             self._executor = self._start()
 
     def _start(self) -> ProcessPoolExecutor:
@@ -172,42 +100,22 @@ class Predictor:
         executor.submit(warm, self.spec)
         return executor
 
+    @property
+    def available(self) -> bool:
+        """Whether there is a cost model (and so a worker) to predict with."""
+        return self.spec is not None and self._executor is not None
+
     def predict(
         self, arrivals: ArrivalLog, current: PolicySettings, candidate: PolicySettings
     ) -> Prediction:
-        """Both settings on the most recent ``max_requests`` recorded arrivals."""
-        if self.spec is None or self._executor is None:
-            return unavailable(
-                "no prediction: the server has no cost model (start it with --cost-model)"
-            )
+        """The dry run's: both settings on the most recent ``max_requests`` recorded arrivals."""
+        if not self.available:
+            return unavailable(NO_COST_MODEL)
         trace = arrivals.trace(self.max_requests)
-        if not trace:
-            return unavailable("no prediction: no traffic recorded yet", self.name)
-        if not self._lock.acquire(blocking=False):
-            return unavailable("no prediction: another prediction is running", self.name)
         try:
-            return self._predict(trace, current, candidate)
-        finally:
-            self._lock.release()
-
-    def _predict(
-        self, trace: list[TraceRequest], current: PolicySettings, candidate: PolicySettings
-    ) -> Prediction:
-        assert self._executor is not None and self.spec is not None
-        deadline = time.time() + self.timeout_s
-        future: Future = self._executor.submit(
-            simulate_settings, self.spec, trace, self.limits, [current, candidate], deadline
-        )
-        try:
-            now, then = future.result(self.timeout_s + RESULT_GRACE_S)
-        except (FutureTimeout, DeadlinePassed):
-            if not future.done():  # stuck outside a step: a fresh worker for the next one
-                self._restart()
-            return unavailable(TIMED_OUT, self.name, len(trace))
-        except Exception as exc:
-            log.exception("prediction failed")
-            reason = f"no prediction: the simulation failed ({type(exc).__name__}: {exc})"
-            return unavailable(reason, self.name, len(trace))
+            now, then = self.evaluate(trace, [current, candidate], None)
+        except PredictionUnavailable as exc:
+            return unavailable(exc.reason, self.name, len(trace))
         return Prediction(
             available=True,
             cost_model=self.name,
@@ -219,6 +127,59 @@ class Predictor:
             current=now,
             candidate=then,
         )
+
+    def evaluate(
+        self,
+        trace: list[TraceRequest],
+        settings: list[PolicySettings],
+        objectives: Objectives | None,
+        scale: float = 1.0,
+    ) -> list[SettingPrediction]:
+        """Each setting's prediction on ``trace``, in order, every step priced ``scale`` times
+        the cost model's (the guardrail's correction); goodput filled when ``objectives`` are
+        given. All in one worker call under one deadline (``timeout_s``). Raises
+        ``PredictionUnavailable`` without a cost model or traffic, while another prediction
+        runs, on the timeout or on a failure."""
+        if not self.available:
+            raise PredictionUnavailable(NO_COST_MODEL)
+        if not trace:
+            raise PredictionUnavailable(NO_TRAFFIC)
+        if not self._lock.acquire(blocking=False):
+            raise PredictionUnavailable(BUSY)
+        try:
+            return self._evaluate(trace, settings, objectives, scale)
+        finally:
+            self._lock.release()
+
+    def _evaluate(
+        self,
+        trace: list[TraceRequest],
+        settings: list[PolicySettings],
+        objectives: Objectives | None,
+        scale: float,
+    ) -> list[SettingPrediction]:
+        assert self._executor is not None and self.spec is not None
+        deadline = time.time() + self.timeout_s
+        future: Future = self._executor.submit(
+            simulate_settings,
+            self.spec,
+            trace,
+            self.limits,
+            settings,
+            deadline,
+            scale,
+            objectives,
+        )
+        try:
+            return future.result(self.timeout_s + RESULT_GRACE_S)
+        except (FutureTimeout, DeadlinePassed):
+            if not future.done():  # stuck outside a step: a fresh worker for the next one
+                self._restart()
+            raise PredictionUnavailable(TIMED_OUT) from None
+        except Exception as exc:
+            log.exception("prediction failed")
+            reason = f"no prediction: the simulation failed ({type(exc).__name__}: {exc})"
+            raise PredictionUnavailable(reason) from exc
 
     def _restart(self) -> None:
         if self._executor is not None:

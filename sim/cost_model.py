@@ -66,3 +66,21 @@ class CostModel(ABC):
         """KV blocks a real engine on this machine would have for this model (GPU memory ×
         utilisation − weights − activation reserve), or None to keep the caller's pool."""
         return None
+
+
+class Scaled(CostModel):
+    """``inner`` with every step ``factor`` times as long: a cost model corrected by what the
+    engine was observed to do (the guardrail's observed ÷ predicted step time)."""
+
+    def __init__(self, inner: CostModel, factor: float) -> None:
+        if not factor > 0:
+            raise ValueError(f"a cost model's scale must be positive, got {factor}")
+        self.inner = inner
+        self.factor = factor
+        self.name = inner.name
+
+    def step_time(self, shape: StepShape) -> float:
+        return self.inner.step_time(shape) * self.factor
+
+    def kv_cache_blocks(self, block_size: int) -> int | None:
+        return self.inner.kv_cache_blocks(block_size)

@@ -7,6 +7,7 @@ no clock reads (``control.guardrail.plan`` re-exports these).
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Protocol
 
 from control.arrivals import Finished
 from control.guardrail.schemas import Objectives, ObservedFigures
@@ -39,11 +40,21 @@ def correction(
     return min(max(ratio, CORRECTION_BOUNDS[0]), CORRECTION_BOUNDS[1])
 
 
-def within(record: Finished, objectives: Objectives) -> bool:
-    """Whether one request met the latency objectives (a one-token request has no TPOT)."""
-    if objectives.ttft_p99_s is not None and not record.ttft <= objectives.ttft_p99_s:
+class Timed(Protocol):
+    """One request's latencies: a ``Finished`` record, or a simulated request's metrics."""
+
+    @property
+    def ttft(self) -> float | None: ...
+    @property
+    def tpot(self) -> float | None: ...
+
+
+def within(request: Timed, objectives: Objectives) -> bool:
+    """Whether one request met the latency objectives: what goodput counts, observed and
+    predicted alike (a one-token request has no TPOT and meets a TPOT objective)."""
+    ttft, tpot = request.ttft, request.tpot
+    if objectives.ttft_p99_s is not None and (ttft is None or ttft > objectives.ttft_p99_s):
         return False
-    tpot = record.tpot
     return objectives.tpot_p99_s is None or tpot is None or tpot <= objectives.tpot_p99_s
 
 
