@@ -1,6 +1,8 @@
-"""Request refusals the server maps to HTTP answers (400 and 429)."""
+"""Request refusals the server maps to HTTP answers (400 and 429), and checkpoint errors."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 
 class RequestRejected(ValueError):
@@ -13,3 +15,13 @@ class RequestRejected(ValueError):
 
 class QueueFull(RuntimeError):
     """The bounded waiting queue is full; the client should retry later."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder the engine cannot load: a missing file, an unsupported architecture
+    or setting, a tensor of the wrong shape. The message names the file, the architecture or
+    the ``config.json`` key; ``path`` is the folder or file concerned."""
+
+    def __init__(self, message: str, path: str | Path) -> None:
+        super().__init__(message)
+        self.path = Path(path)

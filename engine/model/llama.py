@@ -1,5 +1,8 @@
 """Llama decoder over a packed batch: ``[num_tokens, hidden]`` in, no padding dimension.
 
+One decoder for every family (Llama, Mistral, Qwen2, Qwen3): the model config's switches add
+q/k/v and o biases and Qwen3's per-head q/k RMSNorm; ``head_dim`` need not be hidden/heads.
+
 Q/K/V and gate/up projections are fused at load time (one matrix product each instead of
 three and two): on CPU every dispatched op costs, and a wider product runs closer to peak.
 """
@@ -49,6 +52,12 @@ class Attention(nn.Module):
             _param(qkv_rows, dtype=dtype, device=device) if config.attention_bias else None
         )
         self.o_proj = _param(config.hidden_size, self.q_size, dtype=dtype, device=device)
+        self.o_bias = (
+            _param(config.hidden_size, dtype=dtype, device=device) if config.o_proj_bias else None
+        )
+        norm = (config.head_dim, config.rms_norm_eps, dtype, device)
+        self.q_norm = RMSNorm(*norm) if config.qk_norm else None
+        self.k_norm = RMSNorm(*norm) if config.qk_norm else None
 
     def forward(
         self,
@@ -64,9 +73,11 @@ class Attention(nn.Module):
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope(positions, q, k)
         out = attention.forward(self.layer_index, q, k, v, meta, self.scale)
-        return F.linear(out.reshape(tokens, self.q_size), self.o_proj)
+        return F.linear(out.reshape(tokens, self.q_size), self.o_proj, self.o_bias)
 
 
 class MLP(nn.Module):

@@ -1,126 +1,198 @@
-"""Load Hugging Face Llama weights (single file or sharded index) into the fused decoder."""
+"""Load a Hugging Face checkpoint folder (single file or sharded index) into the fused decoder.
+
+A folder holds ``config.json``, ``tokenizer.json`` and ``model.safetensors`` or
+``model.safetensors.index.json`` with the shards it names; a missing one is a
+``CheckpointError`` naming it, before any weight is read. Weights are read tensor by tensor
+into the parameters (``engine.model.safetensors_file``), never as a whole second copy.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
+from engine.errors import CheckpointError
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
+from engine.model.safetensors_file import SafetensorsFile
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def checkpoint_files(path: Path) -> list[Path]:
+@dataclass(frozen=True, slots=True)
+class CheckpointFiles:
+    config: Path
+    tokenizer: Path
+    weights: list[Path]
+
+
+def checkpoint_files(path: str | Path) -> CheckpointFiles:
+    """The folder's files, every one checked to exist (``CheckpointError`` names the first
+    missing one)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint folder {path} does not exist", path)
+    config = path / "config.json"
+    if not config.is_file():
+        raise CheckpointError(f"no config.json in {path}", config)
+    tokenizer = path / TOKENIZER_FILE
+    if not tokenizer.is_file():
+        hint = (
+            " (tokenizer.model alone is not read: write tokenizer.json with transformers' "
+            "AutoTokenizer.from_pretrained(dir).save_pretrained(dir))"
+            if (path / "tokenizer.model").is_file()
+            else ""
+        )
+        raise CheckpointError(f"no {TOKENIZER_FILE} in {path}{hint}", tokenizer)
     if (path / INDEX_FILE).is_file():
         weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
-        return [path / name for name in sorted(set(weight_map.values()))]
-    if (path / SINGLE_FILE).is_file():
-        return [path / SINGLE_FILE]
-    raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in {path}")
-
-
-def iter_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    for file in checkpoint_files(path):
-        with safe_open(str(file), framework="pt") as handle:
-            for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
-                yield name, handle.get_tensor(name)
+        weights = [path / name for name in sorted(set(weight_map.values()))]
+        for shard in weights:
+            if not shard.is_file():
+                raise CheckpointError(f"{INDEX_FILE} names {shard.name}, missing in {path}", shard)
+    elif (path / SINGLE_FILE).is_file():
+        weights = [path / SINGLE_FILE]
+    else:
+        raise CheckpointError(f"no {SINGLE_FILE} or {INDEX_FILE} in {path}", path)
+    return CheckpointFiles(config, tokenizer, weights)
 
 
 def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
-    path = Path(path)
-    return build_model(ModelConfig.from_dir(path), iter_tensors(path), dtype, device)
+    files = checkpoint_files(path)
+    model = LlamaForCausalLM(ModelConfig.from_dir(path), dtype, device)
+    targets = WeightTargets(model)
+    for file in files.weights:
+        with SafetensorsFile(file) as weights:
+            for entry in weights.entries:
+                dst = targets.destination(entry.name, file)
+                if dst is not None:
+                    weights.read_into(entry, dst)
+    targets.check_complete(Path(path))
+    return model.eval()
 
 
 def build_model(
     config: ModelConfig,
-    tensors: Iterator[tuple[str, torch.Tensor]],
+    tensors: Iterable[tuple[str, torch.Tensor]],
     dtype: torch.dtype,
     device: torch.device,
 ) -> LlamaForCausalLM:
-    """The decoder for ``config`` with its weights copied in from HF-named ``tensors`` (read
-    from files by ``load_model``, or made in memory: ``engine.builder.RandomWeights``)."""
+    """The decoder for ``config`` with its weights copied in from HF-named ``tensors`` made in
+    memory (``engine.builder.RandomWeights``); files go through ``load_model``."""
     model = LlamaForCausalLM(config, dtype, device)
     load_weights(model, tensors)
     return model.eval()
 
 
-def load_weights(model: LlamaForCausalLM, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+def load_weights(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Copy HF-named tensors into the model, fusing q/k/v and gate/up as they arrive."""
-    config = model.config
-    q_size = config.num_attention_heads * config.head_dim
-    kv_size = config.num_key_value_heads * config.head_dim
-    fused_rows = {
-        "q_proj": (0, q_size),
-        "k_proj": (q_size, kv_size),
-        "v_proj": (q_size + kv_size, kv_size),
-    }
-    mlp_rows = {"gate_proj": 0, "up_proj": config.intermediate_size}
-    seen: set[str] = set()
-    for name, tensor in tensors:
-        if name == "lm_head.weight" and model.lm_head is None:
-            continue
-        target, rows = _target(model, name, fused_rows, mlp_rows, config.intermediate_size)
-        if target is None:
-            if "rotary_emb" in name:
+    targets = WeightTargets(model)
+    with torch.no_grad():
+        for name, tensor in tensors:
+            dst = targets.destination(name, "tensors")
+            if dst is None:
                 continue
-            raise ValueError(f"unexpected tensor {name!r} in checkpoint")
-        with torch.no_grad():
-            view = target if rows is None else target[rows[0] : rows[0] + rows[1]]
-            if view.shape != tensor.shape:
-                raise ValueError(
-                    f"{name}: expected shape {tuple(view.shape)}, got {tuple(tensor.shape)}"
+            if dst.shape != tensor.shape:
+                raise CheckpointError(
+                    f"{name}: expected shape {tuple(dst.shape)}, got {tuple(tensor.shape)}",
+                    "tensors",
                 )
-            view.copy_(tensor.to(view.dtype))
-        seen.add(name)
-    expected = _expected_names(model)
-    missing = sorted(expected - seen)
-    if missing:
-        raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+            dst.copy_(tensor)
+    targets.check_complete(Path("tensors"))
 
 
-def _target(model, name, fused_rows, mlp_rows, intermediate):
-    if name == "model.embed_tokens.weight":
-        return model.embed_tokens, None
-    if name == "model.norm.weight":
-        return model.norm.weight, None
-    if name == "lm_head.weight":
-        return model.lm_head, None
-    parts = name.split(".")
-    if len(parts) < 5 or parts[0] != "model" or parts[1] != "layers":
-        return None, None
-    layer = model.layers[int(parts[2])]
-    module, proj, kind = parts[3], parts[4], parts[-1]
-    if module in ("input_layernorm", "post_attention_layernorm"):
-        return getattr(layer, module).weight, None
-    if module == "self_attn" and proj in fused_rows:
-        target = layer.self_attn.qkv_proj if kind == "weight" else layer.self_attn.qkv_bias
-        return target, fused_rows[proj]
-    if module == "self_attn" and proj == "o_proj":
-        return layer.self_attn.o_proj, None
-    if module == "mlp" and proj in mlp_rows:
-        return layer.mlp.gate_up_proj, (mlp_rows[proj], intermediate)
-    if module == "mlp" and proj == "down_proj":
-        return layer.mlp.down_proj, None
-    return None, None
+class WeightTargets:
+    """Where each Hugging Face tensor name lands in the fused decoder: a parameter, or a row
+    range of the fused q/k/v and gate/up matrices; records what arrived."""
+
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        self.model = model
+        config = model.config
+        q_size = config.num_attention_heads * config.head_dim
+        kv_size = config.num_key_value_heads * config.head_dim
+        self.qkv_rows = {"q_proj": (0, q_size), "k_proj": (q_size, kv_size)}
+        self.qkv_rows["v_proj"] = (q_size + kv_size, kv_size)
+        inter = config.intermediate_size
+        self.mlp_rows = {"gate_proj": (0, inter), "up_proj": (inter, inter)}
+        self.seen: set[str] = set()
+
+    def destination(self, name: str, where: str | Path) -> torch.Tensor | None:
+        """The tensor ``name`` is copied into; None for one that is not needed."""
+        if name == "lm_head.weight" and self.model.lm_head is None:
+            return None  # tied embeddings, stored anyway by some exporters
+        if name.endswith(IGNORED_SUFFIXES):
+            return None
+        target = self._lookup(name)
+        if target is None:
+            raise CheckpointError(f"unexpected tensor {name!r} in {Path(where).name}", where)
+        self.seen.add(name)
+        return target
+
+    def _lookup(self, name: str) -> torch.Tensor | None:
+        model = self.model
+        if name == "model.embed_tokens.weight":
+            return model.embed_tokens
+        if name == "model.norm.weight":
+            return model.norm.weight
+        if name == "lm_head.weight":
+            return model.lm_head
+        parts = name.split(".")
+        if len(parts) < 5 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
+            return None
+        if int(parts[2]) >= len(model.layers):
+            return None
+        layer = model.layers[int(parts[2])]
+        module, proj, kind = parts[3], parts[4], parts[-1]
+        if module in ("input_layernorm", "post_attention_layernorm") and kind == "weight":
+            return getattr(layer, module).weight
+        attn, mlp = layer.self_attn, layer.mlp
+        if module == "self_attn" and proj in self.qkv_rows:
+            fused = attn.qkv_proj if kind == "weight" else attn.qkv_bias
+            start, rows = self.qkv_rows[proj]
+            return None if fused is None else fused[start : start + rows]
+        if module == "self_attn" and proj == "o_proj":
+            return attn.o_proj if kind == "weight" else attn.o_bias
+        if module == "self_attn" and proj in ("q_norm", "k_norm"):
+            norm = attn.q_norm if proj == "q_norm" else attn.k_norm
+            return None if norm is None else norm.weight
+        if module == "mlp" and proj in self.mlp_rows and kind == "weight":
+            start, rows = self.mlp_rows[proj]
+            return mlp.gate_up_proj[start : start + rows]
+        if module == "mlp" and proj == "down_proj" and kind == "weight":
+            return mlp.down_proj
+        return None
+
+    def check_complete(self, where: Path) -> None:
+        missing = sorted(expected_names(self.model) - self.seen)
+        if missing:
+            raise CheckpointError(
+                f"{where} lacks {len(missing)} tensors, e.g. {', '.join(missing[:3])}", where
+            )
 
 
-def _expected_names(model: LlamaForCausalLM) -> set[str]:
+def expected_names(model: LlamaForCausalLM) -> set[str]:
+    config = model.config
     names = {"model.embed_tokens.weight", "model.norm.weight"}
     if model.lm_head is not None:
         names.add("lm_head.weight")
-    for i in range(model.config.num_hidden_layers):
-        prefix = f"model.layers.{i}"
-        names |= {f"{prefix}.input_layernorm.weight", f"{prefix}.post_attention_layernorm.weight"}
+    for i in range(config.num_hidden_layers):
+        attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
         names |= {
-            f"{prefix}.self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj")
+            f"model.layers.{i}.{n}.weight" for n in ("input_layernorm", "post_attention_layernorm")
         }
-        names |= {f"{prefix}.mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}
-        if model.config.attention_bias:
-            names |= {f"{prefix}.self_attn.{p}.bias" for p in ("q_proj", "k_proj", "v_proj")}
+        names |= {f"{attn}.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
+        names |= {f"{mlp}.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}
+        if config.attention_bias:
+            names |= {f"{attn}.{p}.bias" for p in ("q_proj", "k_proj", "v_proj")}
+        if config.o_proj_bias:
+            names.add(f"{attn}.o_proj.bias")
+        if config.qk_norm:
+            names |= {f"{attn}.q_norm.weight", f"{attn}.k_norm.weight"}
     return names

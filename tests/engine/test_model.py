@@ -40,10 +40,10 @@ def test_rope_frequencies_match_transformers(scaling):
 
 
 def test_unknown_architecture_is_refused():
-    with pytest.raises(ValueError, match="MistralForCausalLM"):
+    with pytest.raises(ValueError, match="GPTNeoXForCausalLM"):
         ModelConfig.from_dict(
             {
-                "architectures": ["MistralForCausalLM"],
+                "architectures": ["GPTNeoXForCausalLM"],
                 "vocab_size": 8,
                 "hidden_size": 8,
                 "intermediate_size": 8,
