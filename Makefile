@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 $(VENV): $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/servedeck up
+	$(BIN)/servedeck up --demo-load
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

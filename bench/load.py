@@ -34,6 +34,7 @@ from sim.trace import TraceRequest, Uniform, read_trace
 TOKEN_IDS = (10, 250)
 """Prompt token ids are drawn from this range: inside every vocabulary we serve."""
 PAUSED_POLL_S = 0.2
+MAX_FAILURES_KEPT = 100
 DEFAULT_PROMPT_TOKENS = Uniform(32, 256)
 DEFAULT_OUTPUT_TOKENS = Uniform(16, 128)
 
@@ -51,6 +52,8 @@ class LoadConfig:
     output_tokens: Uniform = DEFAULT_OUTPUT_TOKENS
     seed: int = 0
     timeout_s: float = 600.0
+    keep_records: bool = True
+    """False: count requests only (a load that runs for days keeps no per-request record)."""
 
     def __post_init__(self) -> None:
         modes = [m for m in (self.rate, self.concurrency, self.trace) if m is not None]
@@ -68,17 +71,21 @@ class LoadResult:
     failures: list[str] = field(default_factory=list)
     started: float = 0.0
     duration_s: float = 0.0
+    failed: int = 0
 
     def summary(self) -> dict[str, Any]:
-        return request_metrics(self.records, self.duration_s, None) | {"failed": len(self.failures)}
+        return request_metrics(self.records, self.duration_s, None) | {"failed": self.failed}
 
 
 class LoadGenerator:
-    def __init__(self, config: LoadConfig, out: TextIO | None = None) -> None:
+    def __init__(self, config: LoadConfig, out: TextIO | None = None, quiet: bool = False) -> None:
         self.config = config
         self.rate = config.rate
         self.result = LoadResult()
         self.sent = 0
+        self.completed = 0
+        self.failed = 0
+        self._quiet = quiet
         self.in_flight = 0
         self._rng = random.Random(config.seed)
         self._out = out
@@ -118,6 +125,7 @@ class LoadGenerator:
                 shown.cancel()
                 self._draw(final=True)
         self.result.duration_s = time.perf_counter() - self.result.started
+        self.result.failed = self.failed
         return self.result
 
     # -- arrivals --------------------------------------------------------------------------
@@ -185,11 +193,11 @@ class LoadGenerator:
             async with http.stream("POST", "/v1/completions", json=body) as response:
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")
-                    self.result.failures.append(f"{response.status_code}: {text[:200]}")
+                    self._fail(f"{response.status_code}: {text[:200]}")
                     return
                 async for event in _events(response):
                     if "error" in event:
-                        self.result.failures.append(json.dumps(event)[:200])
+                        self._fail(json.dumps(event)[:200])
                         return
                     if any(choice.get("text") for choice in event.get("choices", [])):
                         now = time.perf_counter()
@@ -197,13 +205,20 @@ class LoadGenerator:
                             metrics.first_token_time = now
                         metrics.token_times.append(now)
             metrics.finish_time = time.perf_counter()
-            self.result.records.append(
-                RequestRecord(index, "", request.num_prefill_tokens, metrics)
-            )
+            self.completed += 1
+            if self.config.keep_records:
+                self.result.records.append(
+                    RequestRecord(index, "", request.num_prefill_tokens, metrics)
+                )
         except httpx.HTTPError as exc:
-            self.result.failures.append(f"{type(exc).__name__}: {exc}")
+            self._fail(f"{type(exc).__name__}: {exc}")
         finally:
             self.in_flight -= 1
+
+    def _fail(self, message: str) -> None:
+        self.failed += 1
+        if len(self.result.failures) < MAX_FAILURES_KEPT:
+            self.result.failures.append(message)
 
     # -- the live line ---------------------------------------------------------------------
 
@@ -214,14 +229,14 @@ class LoadGenerator:
 
     def _draw(self, final: bool = False) -> None:
         out = self._out if self._out is not None else sys.stderr
-        if not (final or out.isatty()):
+        if self._quiet or not (final or out.isatty()):
             return
         elapsed = time.perf_counter() - self.result.started
         tokens = sum(r.output_tokens for r in self.result.records)
         rate = f" rate {self.rate:g}/s" if self.rate is not None else ""
         line = (
-            f"[load] {elapsed:6.1f}s{rate} sent {self.sent} done {len(self.result.records)} "
-            f"failed {len(self.result.failures)} in flight {self.in_flight} · "
+            f"[load] {elapsed:6.1f}s{rate} sent {self.sent} done {self.completed} "
+            f"failed {self.failed} in flight {self.in_flight} · "
             f"{tokens / elapsed if elapsed > 0 else 0.0:.0f} output tok/s"
         )
         out.write(("\r\033[K" if out.isatty() else "") + line + ("\n" if final else ""))
@@ -334,4 +349,4 @@ def cmd_load(args: argparse.Namespace) -> int:
         print(f"failed: {failure}", file=sys.stderr)
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=1) + "\n")
-    return 1 if result.failures and not result.records else 0
+    return 1 if result.failed and not result.records else 0

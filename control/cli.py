@@ -110,6 +110,16 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     add("--served-model-name", help="the model name clients use (default: the folder name)")
     add("--cost-model", help="profile (gpu/model) or calibration file dry runs predict with")
     add("--log-level", choices=["critical", "error", "warning", "info", "debug"])
+    from control.core.config import DEMO_LOAD_RATE
+
+    add(
+        "--demo-load",
+        type=float,
+        nargs="?",
+        const=DEMO_LOAD_RATE,
+        metavar="RATE",
+        help=f"send a demo load to itself, RATE requests/s (default {DEMO_LOAD_RATE:g}; off)",
+    )
     from control.core.config import ENGINE_SETTINGS, POLICY_OVERRIDES, Settings
 
     for name in SERVER_LIMITS:  # help and default from the setting itself, defined once there

@@ -30,10 +30,7 @@ def serve_argv(args: argparse.Namespace) -> list[str]:
 
 
 def client_url(settings: Settings) -> str:
-    host = settings.host
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
-    return f"http://{host}:{settings.port}"
+    return settings.local_url()
 
 
 def wait_ready(url: str, child: subprocess.Popen, timeout: float = STARTUP_TIMEOUT_S) -> None:

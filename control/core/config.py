@@ -60,6 +60,10 @@ _EngineSettings: type[BaseSettings] = create_model(
 )
 
 
+DEMO_LOAD_RATE = 2.0
+"""Requests/s of ``--demo-load`` given without a rate (gentle: batching shows, the CPU keeps up)."""
+
+
 class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
     model_config = SettingsConfigDict(env_prefix="SERVEDECK_", extra="ignore")
 
@@ -110,12 +114,24 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
     prediction_max_requests: int = Field(
         1000, ge=1, description="A prediction replays at most this many recent requests."
     )
+    demo_load: float | None = Field(
+        None,
+        ge=0,
+        le=100,
+        description="Requests/s of a demo load the server sends itself (off unless given; "
+        "make run passes it).",
+    )
     testing: bool = Field(False, description="Expose test-only routes (never in production).")
     log_level: str = "info"
     cors_allow_origins: str | None = Field(
         None,
         description="Comma-separated origins browsers may call the API from (CORS); off unset.",
     )
+
+    def local_url(self) -> str:
+        """Where a client on this machine reaches the server (a wildcard host is loopback)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
 
     def cors_origins(self) -> list[str]:
         return [o.strip() for o in (self.cors_allow_origins or "").split(",") if o.strip()]

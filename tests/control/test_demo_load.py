@@ -1,0 +1,82 @@
+"""The demo load (``servedeck serve --demo-load``, which ``make run`` passes through ``up``):
+within 30 s of the server being ready, requests run and throughput is above zero; the console's
+``PUT /admin/demo-load`` pauses it (rate 0) and resumes it; off unless asked for."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.control.support import ADMIN, TOKEN, ServerProcess, wait_for
+
+API_KEY = "demo-load-test-api-key"
+
+
+@pytest.fixture
+def server(tiny_model_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+    args = ["--admin-token", TOKEN, "--api-key", API_KEY, "--demo-load", "4"]
+    process = ServerProcess(tiny_model_dir, tmp_path, args, {})
+    process.start()
+    yield process
+    process.stop()
+
+
+def demo(http: httpx.Client) -> dict:
+    response = http.get("/admin/demo-load", headers=ADMIN)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_demo_load_runs_pauses_and_resumes(server: ServerProcess) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        ready = time.monotonic()
+
+        def busy() -> bool:
+            state = http.get("/admin/state", headers=ADMIN).json()
+            return (
+                state["totals"]["requests_finished"] > 0
+                and state["throughput"]["output_tokens_per_s"] > 0
+            )
+
+        wait_for(busy, timeout=30)
+        assert time.monotonic() - ready < 30
+        view = demo(http)
+        assert view["enabled"] and view["running"] and view["rate"] == 4
+        assert view["sent"] > 0 and view["completed"] > 0 and view["failed"] == 0
+
+        paused = http.put("/admin/demo-load", json={"rate": 0}, headers=ADMIN)
+        assert paused.status_code == 200 and paused.json()["rate"] == 0
+        time.sleep(1.0)  # anything sent before the pause has landed
+        sent = demo(http)["sent"]
+        time.sleep(2.0)
+        assert demo(http)["sent"] == sent  # paused: nothing new
+
+        resumed = http.put("/admin/demo-load", json={"rate": 8}, headers=ADMIN)
+        assert resumed.status_code == 200
+        wait_for(lambda: demo(http)["sent"] > sent, timeout=10)
+
+        bad = http.put("/admin/demo-load", json={"rate": -1}, headers=ADMIN)
+        assert bad.status_code == 422 and "rate" in bad.text
+        assert http.put("/admin/demo-load", json={"rate": 1}).status_code == 401
+
+
+def test_off_unless_asked(tiny_model_dir: Path, tmp_path: Path) -> None:
+    process = ServerProcess(tiny_model_dir, tmp_path, ["--admin-token", TOKEN], {})
+    process.start()
+    try:
+        with httpx.Client(base_url=process.url, timeout=30) as http:
+            assert demo(http) == {
+                "enabled": False, "rate": 0.0, "sent": 0, "completed": 0, "failed": 0,
+                "running": False,
+            }  # fmt: skip
+            time.sleep(1.0)
+            state = http.get("/admin/state", headers=ADMIN).json()
+            assert state["totals"]["requests_finished"] == 0
+            refused = http.put("/admin/demo-load", json={"rate": 1}, headers=ADMIN)
+            assert refused.status_code == 409 and "--demo-load" in refused.text
+    finally:
+        process.stop()
