@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,36 +14,15 @@ import pytest
 import yaml
 
 from control.cli import main
+from tests.control.admin_cli_support import cli_target, run_cli, server_fixture  # noqa: F401
 from tests.control.support import ADMIN, TOKEN, ServerProcess
 
-
-@pytest.fixture(scope="module")
-def server(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    """A server of its own: these tests count versions, no other test may add any."""
-    proc = ServerProcess(
-        tiny_model_dir, tmp_path_factory.mktemp("policy-as-code"), ["--admin-token", TOKEN], {}
-    )
-    proc.start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(autouse=True)
-def _target(server: ServerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [n for n in os.environ if n.startswith("SERVEDECK_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("SERVEDECK_URL", server.url)
-    monkeypatch.setenv("SERVEDECK_ADMIN_TOKEN", TOKEN)
+server = server_fixture("policy-as-code")
+"""A server of its own: these tests count versions, no other test may add any."""
 
 
 def policy(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run ``servedeck policy ...`` in this process; (exit status, stdout, stderr)."""
-    capsys.readouterr()
-    status = main(["policy", *argv])
-    out, err = capsys.readouterr()
-    return status, out, err
+    return run_cli(capsys, "policy", *argv)
 
 
 def total(server: ServerProcess) -> int:
