@@ -12,10 +12,20 @@ import pytest
 from textual.widgets import Input, Select, Static
 
 from control.arrivals import ArrivalLog
-from control.prediction import TIMED_OUT, simulate_settings
+from control.guardrail.schemas import Objectives
+from control.prediction import (
+    BUSY,
+    NO_COST_MODEL,
+    NO_TRAFFIC,
+    TIMED_OUT,
+    PredictionUnavailable,
+    Predictor,
+    simulate_settings,
+)
 from control.schemas import PolicySettings
 from engine.config import EngineLimits
 from engine.outputs import RequestMetrics, RequestOutput
+from policies.base import PolicySpec
 from sim.trace import read_trace
 from tests.control.support import ADMIN, TOKEN, ServerProcess
 from tests.tui.conftest import poll_times, quiet_settings, wait_for
@@ -200,3 +210,91 @@ def test_a_prediction_past_its_time_limit_answers_timed_out(
             complete(http, PROMPTS[1], 3)  # the engine serves on
     finally:
         server.stop()
+
+
+# -- evaluate(): many settings in the worker, for the guardrail ---------------------------------
+
+LIMITS = EngineLimits(
+    block_size=16, num_kv_blocks=4096, max_model_len=4096, max_num_seqs=256,
+    max_num_batched_tokens=2048,
+)  # fmt: skip
+SETTINGS = [
+    PolicySettings(policy=PolicySpec(name=name), memory_reserve=0.1, reclaim_interval_s=60.0)
+    for name in ("continuous", "hybrid", "dynamic")
+]
+
+
+@pytest.fixture(scope="module")
+def predictor() -> Iterator[Predictor]:
+    worker = Predictor(COST_MODEL, LIMITS, timeout_s=60.0, max_requests=100)
+    yield worker
+    worker.close()
+
+
+def sparse_log(count: int = 6) -> ArrivalLog:
+    """Requests 10 s apart: each finishes before the next arrives (no queueing)."""
+    log = ArrivalLog()
+    for i in range(count):
+        log.record(output(100.0 + 10 * i, 300 + 50 * i, 40))
+    return log
+
+
+def test_evaluate_predicts_every_setting_in_the_worker(predictor: Predictor) -> None:
+    assert predictor.available and predictor.name == COST_MODEL
+    trace = sparse_log().trace(predictor.max_requests)
+    found = predictor.evaluate(trace, SETTINGS, None)
+    # the simulator's own figures for each setting, as this process computes them
+    assert found == simulate_settings(COST_MODEL, trace, LIMITS, SETTINGS, float("inf"))
+    for figures in found:
+        assert figures.requests == 6 and figures.goodput_rps is None
+        assert 0 < figures.tpot_p50_s <= figures.tpot_p99_s  # type: ignore[operator]
+    assert predictor.evaluate(trace, [], None) == []
+
+
+def test_scale_multiplies_every_step_time(predictor: Predictor) -> None:
+    trace = sparse_log().trace()
+    once = predictor.evaluate(trace, SETTINGS, None)
+    twice = predictor.evaluate(trace, SETTINGS, None, scale=2.0)
+    for base, slow in zip(once, twice, strict=True):
+        assert slow.tpot_p99_s == pytest.approx(2 * base.tpot_p99_s, rel=1e-6)  # type: ignore[operator]
+        assert slow.ttft_p99_s == pytest.approx(2 * base.ttft_p99_s, rel=1e-6)  # type: ignore[operator]
+        assert slow.output_tokens_per_s < base.output_tokens_per_s
+
+
+def test_goodput_counts_the_requests_within_the_objectives(predictor: Predictor) -> None:
+    trace = sparse_log().trace()
+    loose, tight = (
+        predictor.evaluate(trace, SETTINGS[:1], Objectives(ttft_p99_s=t))[0] for t in (60.0, 1e-6)
+    )
+    span = 50.0 + loose.ttft_p50_s  # type: ignore[operator]
+    assert 6 / (span + 1.0) < loose.goodput_rps <= 6 / span  # type: ignore[operator]
+    assert tight.goodput_rps == 0.0
+    ttfts = sorted(
+        r.ttft_p99_s
+        for r in (predictor.evaluate(trace[i : i + 1], SETTINGS[:1], None)[0] for i in range(6))
+    )
+    middle = Objectives(ttft_p99_s=(ttfts[2] + ttfts[3]) / 2)  # three of six within
+    half = predictor.evaluate(trace, SETTINGS[:1], middle)[0]
+    assert half.goodput_rps == pytest.approx(loose.goodput_rps / 2)  # type: ignore[operator]
+
+
+def test_evaluate_says_why_there_is_no_prediction(predictor: Predictor) -> None:
+    trace = sparse_log().trace()
+    with pytest.raises(PredictionUnavailable, match="no traffic"):
+        predictor.evaluate([], SETTINGS, None)
+    with predictor._lock, pytest.raises(PredictionUnavailable) as busy:  # another one running
+        predictor.evaluate(trace, SETTINGS, None)
+    assert busy.value.reason == BUSY
+    predictor.timeout_s = 0.001
+    try:
+        with pytest.raises(PredictionUnavailable) as late:
+            predictor.evaluate(sparse_log(60).trace(), SETTINGS, None)
+        assert late.value.reason == TIMED_OUT
+    finally:
+        predictor.timeout_s = 60.0
+    assert len(predictor.evaluate(trace, SETTINGS, None)) == 3  # the worker serves on
+    none = Predictor(None, LIMITS, timeout_s=1.0, max_requests=10)
+    assert not none.available
+    with pytest.raises(PredictionUnavailable) as missing:
+        none.evaluate(trace, SETTINGS, None)
+    assert missing.value.reason == NO_COST_MODEL and NO_TRAFFIC != NO_COST_MODEL
