@@ -7,6 +7,7 @@ and policy changes count themselves.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -41,6 +42,9 @@ REFUSAL_REASONS = (
 )
 """Why a ``/v1`` request was refused (4xx, 503): the ``reason`` label of
 ``servedeck_requests_refused_total``."""
+GUARDRAIL_OUTCOMES = ("applied", "shadow", "rate_limited", "window_active", "conflict", "failed")
+"""``control.guardrail.schemas.Outcome``: the ``outcome`` label of the decisions counter."""
+GUARDRAIL_MODES = ("off", "shadow", "on")
 
 
 class EngineCollector(Collector):
@@ -158,6 +162,31 @@ class ControlMetrics:
             "Requests to /v1 that failed on the server's side (500, or an error mid-stream).",
             registry=r,
         )
+        self.guardrail_decisions = Counter(
+            "servedeck_guardrail_decisions",
+            "Guardrail proposals by outcome (applied, shadow, rate_limited, ...).",
+            ["outcome"],
+            registry=r,
+        )
+        self.guardrail_margin = Gauge(
+            "servedeck_guardrail_margin",
+            "Observed margin: min over the objectives of (objective - figure) / objective "
+            "(NaN: not known).",
+            registry=r,
+        )
+        self.guardrail_correction = Gauge(
+            "servedeck_guardrail_correction",
+            "The cost model's correction, observed / predicted step time (NaN: not known).",
+            registry=r,
+        )
+        self.guardrail_mode = Gauge(
+            "servedeck_guardrail_mode", "1 for the guardrail's mode.", ["mode"], registry=r
+        )
+        self.guardrail_margin.set(math.nan)
+        self.guardrail_correction.set(math.nan)
+        self.set_guardrail_mode("off")
+        for outcome in GUARDRAIL_OUTCOMES:
+            self.guardrail_decisions.labels(outcome)
         for reason in REFUSAL_REASONS:
             self.requests_refused.labels(reason)
         for outcome in RECLAIM_OUTCOMES:
@@ -196,6 +225,18 @@ class ControlMetrics:
         self.schedule_window_active.clear()
         for schedule_id in schedule_ids:
             self.schedule_window_active.labels(str(schedule_id)).set(schedule_id == active)
+
+    def set_guardrail_mode(self, mode: str) -> None:
+        for name in GUARDRAIL_MODES:
+            self.guardrail_mode.labels(name).set(name == mode)
+
+    def set_guardrail_figures(self, margin: float | None, correction: float | None) -> None:
+        """The last evaluation's observed margin and correction; NaN where not known."""
+        self.guardrail_margin.set(math.nan if margin is None else margin)
+        self.guardrail_correction.set(math.nan if correction is None else correction)
+
+    def count_guardrail_decision(self, outcome: str) -> None:
+        self.guardrail_decisions.labels(outcome).inc()
 
     def count_stall(self) -> None:
         self.engine_stalls.inc()

@@ -22,6 +22,9 @@ from sqlmodel import Session
 
 from control.arrivals import ArrivalLog
 from control.core.config import Settings
+from control.guardrail.service import JOB_ID as GUARDRAIL_JOB_ID
+from control.guardrail.service import TICK_S as GUARDRAIL_TICK_S
+from control.guardrail.service import Guardrail
 from control.maintenance import Maintenance
 from control.metrics import ControlMetrics
 from control.policy_rows import seed, with_overrides
@@ -85,6 +88,7 @@ class Runtime:
         """Recent arrivals (times and lengths); load_runtime feeds it from on_finished."""
         self.predictor: Predictor | None = None  # set by load_runtime
         self.schedules: Schedules  # set by load_runtime
+        self.guardrail: Guardrail  # set by load_runtime
         self._apply_lock = threading.Lock()
         self._pending: _Pending | None = None
 
@@ -143,6 +147,7 @@ class Runtime:
 
     def close(self) -> None:
         self.maintenance.shutdown()
+        self.guardrail.close()
         self.engine.shutdown()
         if self.predictor is not None:
             self.predictor.close()
@@ -289,6 +294,10 @@ def load_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Run
     maintenance.add_job(
         SCHEDULE_JOB_ID, "schedule windows", runtime.schedules.tick, SCHEDULE_TICK_S
     )
+    runtime.guardrail = Guardrail(
+        db, runtime.store, predictor, arrivals, runtime.schedules, metrics
+    )
+    maintenance.add_job(GUARDRAIL_JOB_ID, "SLO guardrail", runtime.guardrail.tick, GUARDRAIL_TICK_S)
     maintenance.add_job(
         WATCHDOG_JOB_ID,
         "engine stall watchdog",

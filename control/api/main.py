@@ -3,6 +3,7 @@
 from fastapi import APIRouter
 
 from control.api.routes import (
+    admin_guardrail,
     admin_maintenance,
     admin_policy,
     admin_schedules,
@@ -25,5 +26,6 @@ for module in (
     admin_trace,
     admin_maintenance,
     admin_schedules,
+    admin_guardrail,
 ):
     api_router.include_router(module.router)
