@@ -134,10 +134,12 @@ class Predictor:
         settings: list[PolicySettings],
         objectives: Objectives | None,
         scale: float = 1.0,
+        timeout_s: float | None = None,
     ) -> list[SettingPrediction]:
         """Each setting's prediction on ``trace``, in order, every step priced ``scale`` times
         the cost model's (the guardrail's correction); goodput filled when ``objectives`` are
-        given. All in one worker call under one deadline (``timeout_s``). Raises
+        given. All in one worker call under one deadline (``timeout_s``, the predictor's
+        own when None: a background job may give many settings longer than a dry run). Raises
         ``PredictionUnavailable`` without a cost model or traffic, while another prediction
         runs, on the timeout or on a failure."""
         if not self.available:
@@ -147,7 +149,7 @@ class Predictor:
         if not self._lock.acquire(blocking=False):
             raise PredictionUnavailable(BUSY)
         try:
-            return self._evaluate(trace, settings, objectives, scale)
+            return self._evaluate(trace, settings, objectives, scale, timeout_s or self.timeout_s)
         finally:
             self._lock.release()
 
@@ -157,9 +159,10 @@ class Predictor:
         settings: list[PolicySettings],
         objectives: Objectives | None,
         scale: float,
+        timeout_s: float,
     ) -> list[SettingPrediction]:
         assert self._executor is not None and self.spec is not None
-        deadline = time.time() + self.timeout_s
+        deadline = time.time() + timeout_s
         future: Future = self._executor.submit(
             simulate_settings,
             self.spec,
@@ -171,7 +174,7 @@ class Predictor:
             objectives,
         )
         try:
-            return future.result(self.timeout_s + RESULT_GRACE_S)
+            return future.result(timeout_s + RESULT_GRACE_S)
         except (FutureTimeout, DeadlinePassed):
             if not future.done():  # stuck outside a step: a fresh worker for the next one
                 self._restart()

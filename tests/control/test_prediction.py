@@ -285,6 +285,9 @@ def test_evaluate_says_why_there_is_no_prediction(predictor: Predictor) -> None:
     with predictor._lock, pytest.raises(PredictionUnavailable) as busy:  # another one running
         predictor.evaluate(trace, SETTINGS, None)
     assert busy.value.reason == BUSY
+    with pytest.raises(PredictionUnavailable) as late:
+        predictor.evaluate(sparse_log(60).trace(), SETTINGS, None, timeout_s=0.001)
+    assert late.value.reason == TIMED_OUT
     predictor.timeout_s = 0.001
     try:
         with pytest.raises(PredictionUnavailable) as late:
