@@ -194,8 +194,10 @@ class Guardrail:
         """One evaluation under ``stored``: the figures observed over ``window_s`` (and the
         ``observed_after`` of earlier decisions); under ``MIN_REQUESTS`` nothing more; the
         setting in force simulated as is (the correction), then every candidate with the
-        corrected model; ``plan.choose``; a proposal becomes one decision row, its outcome by
-        ``_act``'s precedence. A proposal made while the config changed is dropped."""
+        corrected model (each simulation call may take ``interval_s``, at least the dry run's
+        timeout: a full trace of many candidates takes tens of seconds); ``plan.choose``; a
+        proposal becomes one decision row, its outcome by ``_act``'s precedence. A proposal
+        made while the config changed is dropped."""
         config, objectives = stored.config, stored.config.objectives
         at, now = self._clock(), self._engine_clock()
         with Session(self._db) as session:
@@ -215,11 +217,14 @@ class Guardrail:
                 self._note(replace(seen, note=f"{note} ({MIN_REQUESTS} needed)"))
                 return None
             trace = self._arrivals.trace(self._predictor.max_requests)
+            timeout = max(self._predictor.timeout_s, config.interval_s)
             try:
-                [alone] = self._predictor.evaluate(trace, [current], objectives, 1.0)
+                [alone] = self._predictor.evaluate(trace, [current], objectives, 1.0, timeout)
                 correction = plan.correction(observed, alone, seen.correction)
                 settings = plan.candidates(current, config, self._store.limits)
-                predicted = self._predictor.evaluate(trace, settings, objectives, correction)
+                predicted = self._predictor.evaluate(
+                    trace, settings, objectives, correction, timeout
+                )
             except PredictionUnavailable as exc:
                 self._note(replace(seen, note=str(exc)))
                 return None
