@@ -1,0 +1,168 @@
+"""The deploy kit (deploy/): promtool accepts the scrape config and the alert rules and their
+unit tests pass; every metric the Grafana dashboard and the alerts query is one a real
+server's /metrics exposes; the dashboard shows what operators need and aggregates over the
+``replica`` label; the container file pins the CPU torch."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.control.support import ServerProcess, wait_for
+from tests.deploy.kit import (
+    ALERTS,
+    ALERTS_TEST,
+    DEPLOY,
+    PROMETHEUS_OWN,
+    SCRAPE_CONFIG,
+    alert_rules,
+    dashboard,
+    dashboard_queries,
+    dashboard_variable_metrics,
+    live_sample_names,
+    metric_names,
+    require,
+)
+
+REQUIRED_ALERTS = {
+    "ServedeckKVReserveBreached",
+    "ServedeckReclaimFailing",
+    "ServedeckReclaimStale",
+    "ServedeckTTFTP99OverObjective",
+    "ServedeckWaitingQueueNearFull",
+    "ServedeckEngineStalled",
+}
+
+
+def promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    argv = [require("promtool"), *map(str, args)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_promtool_checks_the_alert_rules() -> None:
+    result = promtool("check", "rules", ALERTS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(alert_rules())} rules found" in result.stdout
+
+
+def test_promtool_checks_the_scrape_config_and_the_rule_file_it_names() -> None:
+    result = promtool("check", "config", SCRAPE_CONFIG)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 1 rule files found" in result.stdout
+
+
+def test_alert_unit_tests_pass() -> None:
+    result = promtool("test", "rules", ALERTS_TEST)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_alerts_the_issue_asks_for_exist_and_group_by_replica() -> None:
+    rules = {rule["alert"]: rule for rule in alert_rules()}
+    assert set(rules) >= REQUIRED_ALERTS
+    for name in REQUIRED_ALERTS:
+        assert "by (replica" in rules[name]["expr"], name
+        assert rules[name]["annotations"]["summary"], name
+
+
+def test_queue_alert_threshold_is_80_percent_of_the_default_max_waiting() -> None:
+    """alerts.yml cannot read max_waiting, so its number follows EngineConfig's default."""
+    from engine.config import config_options
+
+    rule = next(r for r in alert_rules() if r["alert"] == "ServedeckWaitingQueueNearFull")
+    threshold = int(re.search(r"servedeck_requests_waiting\) > (\d+)", rule["expr"]).group(1))
+    assert threshold == int(0.8 * config_options()["max_waiting"].default)
+
+
+def test_metric_names_are_found_and_only_metric_names() -> None:
+    expr = (
+        'histogram_quantile(0.99, sum by (le, replica) (rate(a_bucket{x="y z"}[5m]))) > 2 '
+        "or max by (p) (b offset 1m) unless on (p) group_left c_total * 1e3 "
+        'and sum(rate(d_total{replica=~"$replica"}[$__rate_interval])) by (replica)'
+    )
+    assert metric_names(expr) == {"a_bucket", "b", "c_total", "d_total"}
+    assert metric_names("up{job='servedeck'} == 0") == {"up"}
+
+
+def test_dashboard_shows_throughput_queue_kv_latency_and_policy_changes() -> None:
+    board = dashboard()
+    queries = dashboard_queries(board)
+    used = set().union(*map(metric_names, queries))
+    assert {
+        "servedeck_generation_tokens_total",
+        "servedeck_requests_waiting",
+        "servedeck_requests_running",
+        "servedeck_kv_blocks",
+        "servedeck_time_to_first_token_seconds_bucket",
+        "servedeck_time_per_output_token_seconds_bucket",
+    } <= used
+    assert any(q.startswith("sum by (state) (servedeck_kv_blocks") for q in queries)
+    for metric in ("time_to_first_token", "time_per_output_token"):
+        quantiles = [q for q in queries if f"servedeck_{metric}_seconds_bucket" in q]
+        assert {q.split(",")[0] for q in quantiles} >= {
+            "histogram_quantile(0.5",
+            "histogram_quantile(0.99",
+        }
+    policy = [
+        a for a in board["annotations"]["list"] if "servedeck_policy_info" in a.get("expr", "")
+    ]
+    assert len(policy) == 1 and "{{version}}" in policy[0]["titleFormat"]
+
+
+def test_dashboard_queries_aggregate_over_the_replica_variable() -> None:
+    """Every selector filters on ``$replica`` and every query aggregates (sum/max by, or a
+    quantile over ``sum by (le)``), so several replicas add up instead of drawing apart."""
+    board = dashboard()
+    assert "replica" in {v["name"] for v in board["templating"]["list"]}
+    for query in dashboard_queries(board):
+        selectors = re.findall(r"servedeck_\w+(\{[^}]*\})?", query)
+        assert selectors and all('replica=~"$replica"' in s for s in selectors), query
+        assert re.match(r"(sum|max|histogram_quantile)\b", query), query
+        if query.startswith("histogram_quantile"):
+            assert "sum by (le) (rate(" in query, query
+
+
+@pytest.fixture(scope="module")
+def live_metrics(server: ServerProcess) -> set[str]:
+    """Sample names of a real server's /metrics after one completion has finished."""
+    with server.client() as http:
+        before = _finished(http.get("/metrics").text)
+        body = {"model": "tiny", "prompt": "Hello there", "max_tokens": 8}
+        response = http.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        text = wait_for(lambda: _finished(t := http.get("/metrics").text) > before and t)
+    return live_sample_names(text)
+
+
+def _finished(metrics_text: str) -> float:
+    for line in metrics_text.splitlines():
+        if line.startswith("servedeck_time_to_first_token_seconds_count "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_every_metric_the_dashboard_queries_is_in_the_live_metrics(
+    live_metrics: set[str],
+) -> None:
+    board = dashboard()
+    used = set().union(*map(metric_names, dashboard_queries(board)))
+    used |= dashboard_variable_metrics(board)
+    assert len(used) >= 15
+    assert used - live_metrics == set()
+
+
+def test_every_metric_the_alerts_query_is_in_the_live_metrics(live_metrics: set[str]) -> None:
+    used = set().union(*(metric_names(rule["expr"]) for rule in alert_rules()))
+    assert len(used) >= 8
+    assert used - PROMETHEUS_OWN - live_metrics == set()
+
+
+def test_container_file_pins_the_cpu_torch_wheel() -> None:
+    text = (DEPLOY / "Containerfile").read_text()
+    installs = re.findall(r"pip install[^\n]*(?:\\\n[^\n]*)*", text)
+    torch = [line for line in installs if re.search(r"\btorch\b", line)]
+    assert torch, "the Containerfile installs no torch"
+    for line in torch:
+        assert "torch==2.13.0" in line and "download.pytorch.org/whl/cpu" in line, line
