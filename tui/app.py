@@ -3,7 +3,8 @@
 Polling follows dolphie: a worker fetches, the app redraws when it finishes and only then
 arms the next poll with ``set_timer``. Polls never overlap, and pause is simply not
 re-arming. While another screen or a modal is on top the redraw is skipped (the samples are
-still recorded) and happens when the main screen comes back.
+still recorded) and happens when the main screen comes back. A screen that shows polled data
+of its own (schedules, guardrail: ``PolledScreen``) has it fetched in the same poll.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ from tui.config import ConsoleSettings
 from tui.models import AdminState, JobsView
 from tui.screens.base import ConsoleScreen
 from tui.screens.confirm import ConfirmScreen
+from tui.screens.guardrail import GuardrailScreen
 from tui.screens.help import HelpScreen
 from tui.screens.history import HistoryScreen
 from tui.screens.policy_editor import PolicyEditorScreen
+from tui.screens.polled import PolledScreen
+from tui.screens.schedules import SchedulesScreen
 from tui.widgets.block_map import BlockMap
 from tui.widgets.latency_panel import LatencyPanel
 from tui.widgets.maintenance_panel import MaintenancePanel
@@ -155,6 +159,12 @@ class MainScreen(ConsoleScreen):
     def action_history(self) -> None:
         self.app.push_screen(HistoryScreen(self.read_only))
 
+    def action_schedules(self) -> None:
+        self.app.push_screen(SchedulesScreen(self.read_only))
+
+    def action_guardrail(self) -> None:
+        self.app.push_screen(GuardrailScreen(self.read_only))
+
     def action_reclaim(self) -> None:
         self.run_worker(self._reclaim(), group="reclaim", exclusive=True)
 
@@ -221,6 +231,7 @@ class ConsoleApp(RegistryBindings, App[None], inherit_bindings=False):
         self.polls_ok = 0
         self.polls_failed = 0
         self._polling = False
+        self._again = False
         self._timer: Timer | None = None
 
     def get_default_screen(self) -> MainScreen:
@@ -256,16 +267,30 @@ class ConsoleApp(RegistryBindings, App[None], inherit_bindings=False):
         )
 
     def poll(self) -> None:
-        """Fetch now, unless a fetch is running (that one arms the next when it ends)."""
+        """Fetch now; while a fetch is running, the next one starts as soon as it ends
+        (instead of arming the timer), so a screen that just came on top gets its data."""
         if self._polling:
+            self._again = True
             return
         self._disarm()
         self._polling = True
         self.run_worker(self._poll(), name="poll", group="poll", exit_on_error=False)
 
+    async def _main_data(self) -> tuple[AdminState, JobsView]:
+        state, jobs = await asyncio.gather(self.client.state(), self.client.jobs())
+        return state, jobs
+
     async def _poll(self) -> None:
+        screen = self.screen
+        page = [screen.load()] if isinstance(screen, PolledScreen) else []
         try:
-            state, jobs = await asyncio.gather(self.client.state(), self.client.jobs())
+            # return_exceptions: a failed state call must not leave the page's fetch running
+            # on after this poll ends (the page's own ClientErrors never reach here).
+            main, *rest = await asyncio.gather(self._main_data(), *page, return_exceptions=True)
+            for outcome in (*rest, main):
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            state, jobs = main  # type: ignore[misc]
         except ApiError as exc:
             self._failed(exc, refused=exc.status in (401, 403))
         except ClientError as exc:
@@ -279,7 +304,11 @@ class ConsoleApp(RegistryBindings, App[None], inherit_bindings=False):
         finally:
             self._polling = False
         self.redraw()
-        self._arm()
+        if self._again:
+            self._again = False
+            self.poll()
+        else:
+            self._arm()
 
     def _failed(self, exc: ClientError, refused: bool) -> None:
         self.polls_failed += 1
@@ -293,6 +322,8 @@ class ConsoleApp(RegistryBindings, App[None], inherit_bindings=False):
         screen = self.screen
         if isinstance(screen, MainScreen):
             screen.show(self.status, self.snapshot, self.history)
+        elif isinstance(screen, PolledScreen):
+            screen.show_status(self.status)
 
     def _arm(self) -> None:
         if not self.paused and self.is_running:

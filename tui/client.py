@@ -14,12 +14,15 @@ from pydantic import BaseModel, ValidationError
 
 from tui.models import (
     AdminState,
+    DecisionList,
+    GuardrailView,
     HistoryPage,
     JobsView,
     PolicySchema,
     PolicyUpdateResult,
     PolicyView,
     ReclaimRun,
+    ScheduleList,
 )
 
 M = TypeVar("M", bound=BaseModel)
@@ -93,6 +96,10 @@ class ConsoleClient(Protocol):
         self, version: int, reason: str, *, if_match: int | None
     ) -> PolicyUpdateResult: ...
     async def reclaim(self) -> ReclaimRun: ...
+    async def schedules(self) -> ScheduleList: ...
+    async def guardrail(self) -> GuardrailView: ...
+    async def guardrail_decisions(self, limit: int = 10) -> DecisionList: ...
+    async def update_guardrail(self, update: dict[str, Any]) -> GuardrailView: ...
     async def aclose(self) -> None: ...
 
 
@@ -195,6 +202,21 @@ class HttpClient:
 
     async def reclaim(self) -> ReclaimRun:
         return (await self._call("POST", "/admin/reclaim", ReclaimRun))[0]
+
+    async def schedules(self) -> ScheduleList:
+        return (await self._call("GET", "/admin/schedules", ScheduleList))[0]
+
+    async def guardrail(self) -> GuardrailView:
+        return (await self._call("GET", "/admin/guardrail", GuardrailView))[0]
+
+    async def guardrail_decisions(self, limit: int = 10) -> DecisionList:
+        params = {"limit": limit}
+        path = "/admin/guardrail/decisions"
+        return (await self._call("GET", path, DecisionList, params=params))[0]
+
+    async def update_guardrail(self, update: dict[str, Any]) -> GuardrailView:
+        """PUT the whole config document (``GuardrailUpdate``: the config plus a reason)."""
+        return (await self._call("PUT", "/admin/guardrail", GuardrailView, json=update))[0]
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -15,13 +15,15 @@ from typing import Literal
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-Scope = Literal["app", "main", "editor", "history", "dialog"]
+Scope = Literal["app", "main", "editor", "history", "schedules", "guardrail", "dialog"]
 
 SCOPE_TITLES: dict[Scope, str] = {
     "app": "Everywhere",
     "main": "Main screen",
     "editor": "Policy editor",
     "history": "Policy history",
+    "schedules": "Schedules",
+    "guardrail": "Guardrail",
     "dialog": "Dialogs",
 }
 
@@ -112,6 +114,24 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command("history", "h", "History", "history", scope="main", help="Policy versions"),
     Command(
+        "schedules",
+        "w",
+        "Schedules",
+        "schedules",
+        scope="main",
+        help="Policy windows: next firings and the window in force",
+        show=False,
+    ),
+    Command(
+        "guardrail",
+        "g",
+        "Guardrail",
+        "guardrail",
+        scope="main",
+        help="SLO guardrail: objectives, margin, decisions, kill switch",
+        show=False,
+    ),
+    Command(
         "reclaim",
         "m",
         "Sweep",
@@ -157,11 +177,27 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command("reload_history", "ctrl+l", "Reload", "reload", scope="history", help="Reload"),
     Command("close_history", "escape", "Close", "close", scope="history", help="Back"),
+    Command("close_schedules", "escape", "Close", "close", scope="schedules", help="Back"),
+    Command(
+        "kill_guardrail",
+        "k",
+        "Kill switch",
+        "kill_switch",
+        scope="guardrail",
+        mutates=True,
+        help="Turn the guardrail off: mode off, with a reason (asks first)",
+    ),
+    Command("close_guardrail", "escape", "Close", "close", scope="guardrail", help="Back"),
     Command("dismiss", "escape", "Close", "dismiss", scope="dialog", help="Close this dialog"),
 )
 
 
-OPENED_BY: dict[Scope, str] = {"editor": "edit_policy", "history": "history"}
+OPENED_BY: dict[Scope, str] = {
+    "editor": "edit_policy",
+    "history": "history",
+    "schedules": "schedules",
+    "guardrail": "guardrail",
+}
 """Screens reached through a command: when that command is off, so is the whole screen."""
 
 

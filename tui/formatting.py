@@ -66,3 +66,11 @@ def clock_time(iso: str | None) -> str:
 
 def percent(value: float | None) -> str:
     return "—" if value is None else f"{value * 100:.1f}%"
+
+
+def policy_text(name: str, params: dict[str, object], memory_reserve: float | None = None) -> str:
+    """``continuous max_num_seqs=128 reserve=0.15``: a policy setting on one line."""
+    words = [name, *(f"{k}={v}" for k, v in params.items())]
+    if memory_reserve is not None:
+        words.append(f"reserve={memory_reserve:g}")
+    return " ".join(words)

@@ -183,3 +183,127 @@ class Health(Model):
     policy: str | None = None
     version: int | None = None
     reclaim_job_on_time: bool | None = None
+
+
+# -- policy engine: schedules and the guardrail (docs/api.md) --------------------------------
+
+
+class Schedule(Model):
+    id: int
+    cron: str
+    cron_seconds: str | None = None
+    until: str
+    timezone: str = "UTC"
+    policy: PolicySpec
+    memory_reserve: float | None = None
+    reason: str = ""
+    priority: int = 0
+    actor: str | None = None
+    next_run_at: str | None = None
+    """The next firing, UTC."""
+    active: bool = False
+    window_start: str | None = None
+    applied_version: int | None = None
+    last_end_at: str | None = None
+    last_end: str | None = None
+
+
+class ScheduleList(Model):
+    items: list[Schedule] = Field(default_factory=list)
+    active: int | None = None
+
+
+class KnobRange(Model):
+    min: float
+    max: float
+
+
+class GuardrailBounds(Model):
+    """``policies`` plus one ``{min, max}`` (or null: never moved) per knob; knobs a newer
+    server adds are kept as extra fields and read by ``knobs``."""
+
+    policies: list[str] = Field(default_factory=list)
+
+    def knobs(self) -> dict[str, KnobRange | None]:
+        extra = self.model_extra or {}
+        return {k: None if v is None else KnobRange.model_validate(v) for k, v in extra.items()}
+
+
+class Objectives(Model):
+    ttft_p99_s: float | None = None
+    tpot_p99_s: float | None = None
+    goodput_min_rps: float | None = None
+
+
+class GuardrailConfig(Model):
+    mode: str = "off"
+    objectives: Objectives = Field(default_factory=Objectives)
+    bounds: GuardrailBounds = Field(default_factory=GuardrailBounds)
+    interval_s: float | None = None
+    window_s: float | None = None
+    min_change_interval_s: float | None = None
+    hysteresis: float | None = None
+    max_candidates: int | None = None
+
+
+class Figures(Model):
+    """Observed (``ObservedFigures``) or predicted (``SettingPrediction``): the same names."""
+
+    since: str | None = None
+    until: str | None = None
+    requests: int = 0
+    output_tokens_per_s: float | None = None
+    ttft_p99_s: float | None = None
+    tpot_p99_s: float | None = None
+    goodput_rps: float | None = None
+
+
+class GuardrailStatus(Model):
+    active: bool = False
+    reason: str | None = None
+    cost_model: str | None = None
+    correction: float | None = None
+    margin: float | None = None
+    observed: Figures | None = None
+    last_evaluation_at: str | None = None
+    last_change_at: str | None = None
+    window_active: int | None = None
+
+
+class GuardrailView(Model):
+    config: GuardrailConfig
+    revision: int = 0
+    actor: str | None = None
+    reason: str | None = None
+    updated_at: str | None = None
+    status: GuardrailStatus = Field(default_factory=GuardrailStatus)
+
+
+class Candidate(Model):
+    settings: PolicySettings
+    prediction: Figures
+    meets: bool = False
+    margin: float | None = None
+
+
+class Decision(Model):
+    id: int
+    at: str | None = None
+    mode: str = ""
+    outcome: str
+    reason: str = ""
+    current: PolicySettings | None = None
+    chosen: PolicySettings | None = None
+    predicted_current: Figures | None = None
+    predicted: Figures | None = None
+    candidates: list[Candidate] = Field(default_factory=list)
+    observed_before: Figures | None = None
+    correction: float | None = None
+    trace_requests: int = 0
+    version: int | None = None
+    observed_after: Figures | None = None
+    prediction_error: dict[str, float] | None = None
+
+
+class DecisionList(Model):
+    items: list[Decision] = Field(default_factory=list)

@@ -63,6 +63,10 @@ class RecordedServer:
             ("PUT", "/admin/policy"): self._put,
             ("POST", "/admin/policy/rollback/2"): reply("update_applied"),
             ("POST", "/admin/reclaim"): reply("reclaim"),
+            ("GET", "/admin/schedules"): reply("schedules"),
+            ("GET", "/admin/guardrail"): reply("guardrail"),
+            ("GET", "/admin/guardrail/decisions"): reply("guardrail_decisions"),
+            ("PUT", "/admin/guardrail"): self._put_guardrail,
         }
 
     def _state(self, request: httpx.Request) -> httpx.Response:
@@ -72,6 +76,14 @@ class RecordedServer:
     def _put(self, request: httpx.Request) -> httpx.Response:
         dry = request.url.params.get("dry_run") == "true"
         return reply("update_dry_run" if dry else "update_applied")(request)
+
+    def _put_guardrail(self, request: httpx.Request) -> httpx.Response:
+        """Stores the body as the next revision, as the server does (its status kept)."""
+        body = json.loads(request.content)
+        view = load("guardrail")
+        view["config"] = {k: v for k, v in body.items() if k != "reason"}
+        view.update(revision=view["revision"] + 1, actor="admin", reason=body["reason"])
+        return httpx.Response(200, json=view)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)

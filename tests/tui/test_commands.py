@@ -18,15 +18,19 @@ from tui.commands import (
 )
 from tui.screens.base import ConsoleScreen, DialogScreen
 from tui.screens.confirm import ConfirmScreen
+from tui.screens.guardrail import GuardrailScreen
 from tui.screens.help import HelpScreen
 from tui.screens.history import HistoryScreen
 from tui.screens.policy_editor import PolicyEditorScreen
+from tui.screens.schedules import SchedulesScreen
 
 SCREENS = {
     "app": ConsoleApp,
     "main": MainScreen,
     "editor": PolicyEditorScreen,
     "history": HistoryScreen,
+    "schedules": SchedulesScreen,
+    "guardrail": GuardrailScreen,
     "dialog": DialogScreen,
 }
 
@@ -37,7 +41,7 @@ def test_every_command_names_an_action_of_its_scope() -> None:
 
 
 def test_no_key_means_two_things_in_one_place() -> None:
-    for scope in ("main", "editor", "history", "dialog"):
+    for scope in ("main", "editor", "history", "schedules", "guardrail", "dialog"):
         keys = [
             key.strip()
             for c in commands_for(scope, read_only=False) + commands_for("app", read_only=False)
@@ -47,7 +51,7 @@ def test_no_key_means_two_things_in_one_place() -> None:
 
 
 def test_registry_marks_every_server_change() -> None:
-    assert mutating_actions() == {"edit_policy", "reclaim", "apply", "rollback"}
+    assert mutating_actions() == {"edit_policy", "reclaim", "apply", "rollback", "kill_switch"}
 
 
 def test_every_screen_declares_its_registry_keys_as_bindings() -> None:
