@@ -45,7 +45,10 @@ def status_lines(view: dict[str, Any]) -> list[str]:
         if view["revision"]
         else "revision 0 (the defaults, never stored)"
     )
-    state = "active" if status["active"] else f"not active: {status.get('reason') or '-'}"
+    note = status.get("reason")  # the server's words: why not active, or what it last saw
+    state = note or "not active"
+    if status["active"]:
+        state = f"active; {note}" if note else "active"
     correction, margin = status.get("correction"), status.get("margin")
     lines = [
         f"servedeck guardrail {stored}",
@@ -91,6 +94,12 @@ def change_label(current: dict[str, Any], chosen: dict[str, Any]) -> str:
     return "; ".join(changes) or "(none)"
 
 
+ERROR_NOTE = (
+    "observed: TTFT p99 over the interval after the decision; error: observed / predicted "
+    "for the setting in force then (the chosen one if applied, else the one now)"
+)
+
+
 def decision_row(item: dict[str, Any]) -> tuple[str, ...]:
     error = (item.get("prediction_error") or {}).get("ttft_p99_s")
     observed = (item.get("observed_after") or {}).get("ttft_p99_s")
@@ -99,7 +108,8 @@ def decision_row(item: dict[str, Any]) -> tuple[str, ...]:
         rest_cli.when(item["at"]),
         item["outcome"],
         change_label(item["current"], item["chosen"]),
-        seconds(item["predicted"]["ttft_p99_s"]),
+        f"{seconds(item['predicted_current']['ttft_p99_s'])} -> "
+        f"{seconds(item['predicted']['ttft_p99_s'])}",
         seconds(observed),
         "-" if error is None else f"x{error:.2f}",
     )
@@ -145,12 +155,20 @@ def cmd_decisions(args: argparse.Namespace, target: rest_cli.Target) -> None:
         target, "GET", "/admin/guardrail/decisions", params={"limit": args.limit}
     ).json()
     items = page["items"]
-    header = ("ID", "AT", "OUTCOME", "CHANGE", "TTFT P99 PRED", "OBSERVED", "ERROR")
+    header = (
+        "ID",
+        "AT",
+        "OUTCOME",
+        "CHANGE",
+        "TTFT P99 PREDICTED NOW -> CHOSEN",
+        "OBSERVED",
+        "ERROR",
+    )
     print(rest_cli.table(header, [decision_row(item) for item in items]), end="")
     if args.verbose:
         for item in items:
             print(f"{item['id']}: {item['reason']}")
-    print(f"{len(items)} decisions")
+    print(f"{len(items)} decisions; {ERROR_NOTE}")
 
 
 def add_parser(sub: argparse._SubParsersAction, func: Callable[..., int]) -> None:

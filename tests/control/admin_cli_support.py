@@ -14,15 +14,16 @@ from control.cli import main
 from tests.control.support import TOKEN, ServerProcess
 
 
-def server_fixture(name: str) -> Callable[..., Iterator[ServerProcess]]:
-    """A module-scoped ``server`` fixture: a server of the module's own, in a folder ``name``."""
+def server_fixture(name: str, *args: str) -> Callable[..., Iterator[ServerProcess]]:
+    """A module-scoped ``server`` fixture: a server of the module's own, in a folder ``name``,
+    started with ``args`` besides the admin token."""
 
     @pytest.fixture(scope="module")
     def server(
         tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     ) -> Iterator[ServerProcess]:
         proc = ServerProcess(
-            tiny_model_dir, tmp_path_factory.mktemp(name), ["--admin-token", TOKEN], {}
+            tiny_model_dir, tmp_path_factory.mktemp(name), ["--admin-token", TOKEN, *args], {}
         )
         proc.start()
         yield proc
