@@ -162,14 +162,15 @@ def random_weights(
 
 def init_model(
     out_dir: str | Path,
-    preset: str = DEFAULT_PRESET,
+    preset: str | Preset = DEFAULT_PRESET,
     seed: int = 0,
     max_shard_bytes: int = 2 << 30,
 ) -> Path:
-    """Write a checkpoint; more than ``max_shard_bytes`` of weights become a sharded index."""
-    if preset not in PRESETS:
+    """Write a checkpoint of a named preset (or of a ``Preset`` of one's own: the load-memory
+    benchmark's); more than ``max_shard_bytes`` of weights become a sharded index."""
+    if isinstance(preset, str) and preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    spec = PRESETS[preset]
+    spec = PRESETS[preset] if isinstance(preset, str) else preset
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(spec.tokenizer_vocab)
