@@ -6,7 +6,9 @@ server's /metrics exposes; the dashboard shows what operators need and aggregate
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -166,3 +168,20 @@ def test_container_file_pins_the_cpu_torch_wheel() -> None:
     assert torch, "the Containerfile installs no torch"
     for line in torch:
         assert "torch==2.13.0" in line and "download.pytorch.org/whl/cpu" in line, line
+
+
+def test_systemd_unit_verifies(tmp_path: Path) -> None:
+    """``systemd-analyze verify`` knows every directive (the venv's servedeck stands in for
+    the installed one)."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze not found")
+    installed = "/opt/servedeck/.venv/bin/servedeck"
+    unit = (DEPLOY / "systemd" / "servedeck.service").read_text()
+    assert f"ExecStart={installed} serve" in unit
+    path = tmp_path / "servedeck.service"
+    path.write_text(unit.replace(installed, str(Path(sys.executable).with_name("servedeck"))))
+    result = subprocess.run(
+        [analyze, "verify", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stderr
