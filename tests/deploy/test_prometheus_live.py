@@ -76,7 +76,11 @@ def prometheus(
         yield Prometheus(url)
     finally:
         process.terminate()
-        process.wait(20)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _ready(url: str, process: subprocess.Popen, folder: Path) -> bool:
@@ -108,7 +112,9 @@ def test_dashboard_and_rules_work_on_a_real_prometheus(
         if not expr.rstrip().endswith("> 0"):  # a filter may leave nothing: no refusals here
             assert result, expr
 
-    kv = prometheus.query(grafana('sum by (state) (servedeck_kv_blocks{replica=~"$replica"})'))
+    (by_state,) = [q for q in dashboard_queries(board) if q.startswith("sum by (state)")]
+    kv = prometheus.query(grafana(by_state))
+    assert {row["metric"]["state"] for row in kv} == {"free", "used", "cached"}
     assert sum(float(row["value"][1]) for row in kv) == 2 * NUM_KV_BLOCKS  # both replicas
 
     (annotation,) = [a for a in board["annotations"]["list"] if "expr" in a]
