@@ -3,6 +3,7 @@ that the console's poll refreshes them, and the kill switch (confirmation, PUT, 
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 
@@ -102,6 +103,35 @@ async def test_schedules_view_is_refreshed_by_the_consoles_poll_only_while_open(
         fetched = calls(server, "/admin/schedules")
         await poll_times(pilot, app, app.polls_ok + 1)
         assert calls(server, "/admin/schedules") == fetched
+
+
+async def test_a_screen_opened_during_a_poll_is_filled_by_the_next_one_at_once() -> None:
+    """The poll in flight started before the screen was on top; the one it asked for follows
+    right away (the timer here would wait an hour), and the two never overlap."""
+    server = RecordedServer()
+    in_flight = peak = 0
+
+    async def slow_state(request: httpx.Request) -> httpx.Response:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.2)
+        in_flight -= 1
+        return httpx.Response(200, json=load("state"))
+
+    server.routes["GET", "/admin/state"] = slow_state  # type: ignore[assignment]
+    app = console(server)
+    async with app.run_test(size=SIZE) as pilot:
+        await poll_times(pilot, app, 1)
+        app.poll()
+        await wait_for(pilot, lambda: in_flight == 1, what="a poll in flight")
+        await pilot.press("w")
+        await wait_for(pilot, lambda: isinstance(app.screen, SchedulesScreen))
+        await wait_for(pilot, lambda: app.screen.data is not None, timeout=3, what="its data")
+        paths = [r.url.path for r in server.requests]
+        assert (paths.count("/admin/state"), paths.count("/admin/schedules")) == (3, 1)
+        await wait_for(pilot, lambda: app.polls_ok == 3, what="that poll's end")
+        assert peak == 1
 
 
 async def test_a_missing_route_is_said_on_the_screen_and_the_console_stays_live() -> None:
