@@ -10,10 +10,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, model_validator
 
 from control.core.config import MEMORY_RESERVE_BOUNDS
-from control.schemas import REASON_PATTERN, PolicySettings, SettingPrediction
+from control.schemas import REASON_PATTERN, JsonInt, PolicySettings, SettingPrediction
 from policies.base import PolicyName
 
 GuardrailMode = Literal["off", "shadow", "on"]
@@ -28,8 +28,8 @@ class _Strict(BaseModel):
 
 
 class IntRange(_Strict):
-    min: StrictInt = Field(ge=1, le=1 << 20)
-    max: StrictInt = Field(ge=1, le=1 << 20)
+    min: JsonInt = Field(ge=1, le=1 << 20)
+    max: JsonInt = Field(ge=1, le=1 << 20)
 
     @model_validator(mode="after")
     def _ordered(self) -> IntRange:
@@ -114,7 +114,7 @@ class GuardrailConfig(_Strict):
         description="A change must beat the setting in force by this fraction (throughput "
         "when both meet the objectives, margin otherwise).",
     )
-    max_candidates: StrictInt = Field(16, ge=1, le=64, description="Settings simulated each time.")
+    max_candidates: JsonInt = Field(16, ge=1, le=64, description="Settings simulated each time.")
 
 
 class GuardrailUpdate(GuardrailConfig):
