@@ -118,6 +118,14 @@ class PolicySnapshot(BaseModel):
     preemptions: int = Field(description="Sequences preempted (recompute) so far.")
     overdue: int = Field(0, description="Waiting requests past max_wait_s (aging).")
     mode: str | None = Field(None, description="The hybrid policy's current mode.")
+    draining_to: int | None = Field(
+        None,
+        description=(
+            "Draining to N: the cap on running sequences in force while more than it are "
+            "running (a lowered cap admits nobody until under it and preempts nobody); "
+            "null otherwise."
+        ),
+    )
 
 
 class SchedulingPolicy(ABC):
@@ -221,7 +229,21 @@ class SchedulingPolicy(ABC):
             preemptions=self.num_preemptions,
             overdue=len(self._overdue(self.waiting)),
             mode=self.mode,
+            draining_to=self.draining_to,
         )
+
+    @property
+    def running_cap(self) -> int | None:
+        """The most sequences this policy lets run at once (None: no cap of its own)."""
+        return None
+
+    @property
+    def draining_to(self) -> int | None:
+        """``running_cap`` while more sequences than it are running, else None. A live change
+        that lowers a cap keeps every running sequence (with its blocks) and admits nobody
+        until the running count is under the new cap: it drains, it never preempts."""
+        cap = self.running_cap
+        return cap if cap is not None and len(self.running) > cap else None
 
     @property
     def mode(self) -> str | None:

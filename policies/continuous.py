@@ -56,6 +56,12 @@ class ContinuousPolicy(SchedulingPolicy):
         self.max_num_seqs = params.max_num_seqs or limits.max_num_seqs
         self.token_budget = params.max_num_batched_tokens or limits.max_num_batched_tokens
 
+    @property
+    def running_cap(self) -> int:
+        """``max_num_seqs``, or the token budget when smaller: every running sequence takes at
+        least one token of a step, and admission needs budget left after all of them."""
+        return min(self.max_num_seqs, self.token_budget)
+
     def adopt(self, seqs: list[Sequence]) -> None:
         super().adopt(seqs)
         for seq in self.running:
@@ -77,13 +83,15 @@ class ContinuousPolicy(SchedulingPolicy):
     def _continue(
         self, batch: ScheduledBatch, seq: Sequence, budget: int, may_preempt: bool = True
     ) -> int:
-        """Schedule a running sequence's next chunk or decode; returns the tokens it takes."""
+        """Schedule a running sequence's next chunk or decode; returns the tokens it takes.
+
+        A running sequence continues in chunks even with ``enable_chunked_prefill`` off: that
+        switch governs admission (which then takes a whole prompt at once), so the only running
+        prefills are adopted ones (a switch, a lowered budget), and holding one back until its
+        rest fits the step could stall it, blocks held, for good."""
         if budget <= 0 or seq.status is not SequenceStatus.RUNNING:
             return 0  # out of budget, or preempted earlier in this step
-        uncomputed = len(seq.token_ids) - seq.num_computed_tokens
-        num_new = min(uncomputed, budget)
-        if num_new < uncomputed and not self.params.enable_chunked_prefill:
-            return 0
+        num_new = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
         if not self._reserve_slots(seq, num_new, batch, may_preempt):
             return 0
         self._schedule(batch, seq, num_new)

@@ -125,6 +125,7 @@ class PaddedGroupPolicy(SchedulingPolicy):
             preemptions=self.num_preemptions,
             overdue=len(self._overdue([*self.waiting, *queued])),
             mode=self.mode,
+            draining_to=self.draining_to,
             group_size=len(self.group),
             group_finished_rows=sum(1 for s in self.group if s.is_finished),
             groups_started=self.groups_started,
@@ -133,6 +134,12 @@ class PaddedGroupPolicy(SchedulingPolicy):
     @property
     def queue_depth(self) -> int:
         return super().queue_depth + sum(len(g) for g in self.queued_groups)
+
+    @property
+    def running_cap(self) -> int:
+        """An adopted group larger than ``max_batch_size`` runs to completion; the next
+        group starts only when it is done (and is cut to the new size)."""
+        return self.max_batch_size
 
     def live_queued(self) -> list[Sequence]:
         """Sequences drained from the queue into groups that have not started yet."""

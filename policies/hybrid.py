@@ -74,23 +74,30 @@ class HybridPolicy(ContinuousPolicy):
         return running + overdue + rest
 
     def _schedule_single(self) -> ScheduledBatch:
+        """The oldest running sequence runs alone. Several run after a switch, a lowered cap or
+        when the queue falls under the threshold: they finish one after another, oldest
+        first, and nobody is admitted until none is left (a newcomer would take blocks while
+        they hold theirs, and a dry pool preempts)."""
         batch = ScheduledBatch(mode="hybrid-single")
-        candidates: list[Sequence] = sorted(
-            [*self.running, *self.waiting], key=lambda s: s.arrival_time
-        )
+        if self.running:
+            for seq in sorted(self.running, key=lambda s: s.arrival_time):
+                if self._continue(batch, seq, self.token_budget):
+                    break
+            return batch
         overdue = set(self._overdue(self.waiting))
         admitting = True  # an overdue sequence that does not fit blocks newer admissions
-        for seq in candidates:
-            if seq.status is SequenceStatus.RUNNING:
-                used = self._continue(batch, seq, self.token_budget)
-            elif admitting:
-                used = self._try_admit(batch, seq, self.token_budget)
-                admitting = used is not None or seq not in overdue
-            else:
-                continue
+        for seq in sorted(self.waiting, key=lambda s: s.arrival_time):
+            if not admitting:
+                break
+            used = self._try_admit(batch, seq, self.token_budget)
+            admitting = used is not None or seq not in overdue
             if used:
                 break
         return batch
+
+    @property
+    def running_cap(self) -> int:
+        return 1 if self.single_mode else super().running_cap
 
     @property
     def mode(self) -> str:

@@ -164,6 +164,13 @@ class AdminState(Model):
     totals: dict[str, Any] = Field(default_factory=dict)
     recent_reclaims: list[ReclaimRun] = Field(default_factory=list)
 
+    @property
+    def draining_to(self) -> int | None:
+        """The scheduler's "draining to N": a lowered cap with more than N running (None when
+        not draining, or from a server that does not report it)."""
+        value = self.scheduler.get("draining_to")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
 
 class Job(Model):
     id: str

@@ -22,12 +22,14 @@ class QueuePanel(Widget):
         sched = state.scheduler
         totals = state.totals
         params = sched.get("params") or state.policy.params
+        draining = state.draining_to
         lines = [
             Content.assemble(
                 "waiting ",
                 (str(state.queue.waiting), "bold"),
                 "  running ",
                 (str(state.queue.running), "bold"),
+                ("" if draining is None else f"  draining to {draining}", "bold $warning"),
             ),
             Content.assemble(
                 "preempted ",
