@@ -154,8 +154,15 @@ def _versus(
     return text
 
 
+def in_force_after(decision: Decision) -> Figures | None:
+    """The prediction the observed figures after a decision are compared with: the chosen
+    setting's when it was applied, else the setting that stayed."""
+    return decision.predicted if decision.outcome == "applied" else decision.predicted_current
+
+
 def decision_cells(decision: Decision) -> list[Text]:
-    predicted, after = decision.predicted or Figures(), decision.observed_after or Figures()
+    predicted = in_force_after(decision) or Figures()
+    after = decision.observed_after or Figures()
     errors = decision.prediction_error or {}
     return [
         Text(str(decision.id), justify="right"),
@@ -183,11 +190,14 @@ def setting_text(settings: PolicySettings | None) -> str:
 def decision_detail(decision: Decision) -> Content:
     stored = f" as version {decision.version}" if decision.version is not None else ""
     errors = decision.prediction_error
-    error = Content("observed ÷ predicted ")
+    kept = "chosen" if decision.outcome == "applied" else "kept"
+    error = Content(f"observed after ÷ predicted ({kept} setting) ")
     if errors:
         for key, ratio in errors.items():
             style = LEVEL_STYLES[error_level(ratio)]
             error += Content.assemble(f"{ERROR_NAMES.get(key, key)} ", (f"×{ratio:.2f}  ", style))
+    elif decision.observed_after is not None:
+        error += Content.styled("none: no request finished in the interval after", "$text-muted")
     else:
         error += Content.styled("not measured yet (after the next interval)", "$text-muted")
     lines = [
