@@ -62,6 +62,10 @@ class Maintenance:
         self._reference = clock()
         """When the job was (re)scheduled or last started on schedule: what "on time" is
         measured from."""
+        self._intervals: dict[str, float] = {}
+        """The ``add_job`` jobs' intervals, in the order they were added."""
+        self._started: dict[str, float] = {}
+        """When each ``add_job`` job was added or last started (its "on time" reference)."""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -83,9 +87,17 @@ class Maintenance:
         self._reference = self._clock()
 
     def add_job(self, job_id: str, name: str, func: Callable[[], None], interval_s: float) -> None:
-        """A light periodic job beside the sweep: one run at a time, missed runs coalesced."""
+        """A light periodic job beside the sweep: one run at a time, missed runs coalesced.
+        It is listed by ``jobs`` (``GET /admin/jobs``) with the time it last started."""
+
+        def run() -> None:
+            self._started[job_id] = self._clock()
+            func()
+
+        self._intervals[job_id] = interval_s
+        self._started[job_id] = self._clock()
         self._scheduler.add_job(
-            func,
+            run,
             IntervalTrigger(seconds=interval_s),
             id=job_id,
             name=name,
@@ -209,6 +221,25 @@ class Maintenance:
             )
             for row in rows
         ]
+
+    def jobs(self, session: Session) -> list[JobView]:
+        """Every job on the scheduler: the sweep first (with its recorded runs), then the
+        ``add_job`` jobs in the order they were added (their runs are not recorded)."""
+        views = [self.job(session)]
+        running = self._scheduler.running
+        for job_id, interval_s in self._intervals.items():
+            job = self._scheduler.get_job(job_id)
+            late = self._clock() - self._started[job_id] > 2 * interval_s + ON_TIME_SLACK_S
+            views.append(
+                JobView(
+                    id=job_id,
+                    interval_s=interval_s,
+                    next_run_at=job.next_run_time if job is not None else None,
+                    on_time=running and job is not None and not late,
+                    last_runs=[],
+                )
+            )
+        return views
 
     def job(self, session: Session) -> JobView:
         job = self._scheduler.get_job(JOB_ID)

@@ -17,4 +17,4 @@ def reclaim_now(runtime: RuntimeDep) -> ReclaimRun:
 
 @router.get("/jobs", response_model=JobsView)
 def list_jobs(runtime: RuntimeDep, session: SessionDep) -> JobsView:
-    return JobsView(jobs=[runtime.maintenance.job(session)])
+    return JobsView(jobs=runtime.maintenance.jobs(session))
