@@ -102,6 +102,12 @@ async def test_read_only_console_cannot_turn_the_guardrail_off(live_server: Live
     app = console(live_server, read_only=True)
     async with app.run_test(size=SIZE) as pilot:
         await open_screen(pilot, app, "g", GuardrailScreen)
+        status = app.screen.query_one("#guardrail-status")
+        await wait_for(  # the server says why it does not evaluate; the poll brings it
+            pilot,
+            lambda: "○ off: the server has no cost model" in str(status.render()),
+            what="the reason it is off",
+        )
         assert "kill_switch" not in active_actions(app)
         await pilot.press("k")
         await pilot.pause(0.3)

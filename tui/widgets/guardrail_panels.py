@@ -105,7 +105,8 @@ def status_panel(status: GuardrailStatus) -> Content:
     if status.active:
         head = Content.styled("● evaluating", "bold $text-success")
     else:
-        head = Content.styled(f"○ not evaluating: {status.reason or '—'}", "bold $text-warning")
+        # the server's reason says it whole ("off: the server has no cost model (...)")
+        head = Content.styled(f"○ {status.reason or 'not evaluating'}", "bold $text-warning")
     correction = "—" if status.correction is None else f"×{status.correction:.2f}"
     observed = status.observed
     lines = [
