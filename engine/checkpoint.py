@@ -2,7 +2,8 @@
 
 No machine here can download weights, so ``servedeck init-model`` writes a deterministic
 checkpoint (``config.json``, ``generation_config.json``, safetensors, ``tokenizer.json``,
-``tokenizer_config.json``) that both this engine and ``transformers`` load.
+``tokenizer_config.json`` with a simple chat template) that both this engine and
+``transformers`` load.
 
 Random weights give nearly tied logits under the usual 0.02 initialisation, and greedy
 equality against another implementation would then hinge on float32 rounding. The scales
@@ -30,6 +31,16 @@ from engine.corpus import corpus_lines
 BOS = "<|begin_of_text|>"
 EOS = "<|end_of_text|>"
 DEFAULT_PRESET = "small"
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+"""What ``init_model`` writes as ``tokenizer_config.json``'s ``chat_template``: each turn
+``<|role|>``, a newline, its text and EOS; the prompt ends with ``<|assistant|>`` and a newline
+(so the default model chats through ``/v1/chat/completions``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +202,7 @@ def init_model(
             "eos_token": EOS,
             "model_max_length": spec.max_position_embeddings,
             "clean_up_tokenization_spaces": False,
+            "chat_template": CHAT_TEMPLATE,
         },
     )
     return out
@@ -235,6 +247,7 @@ def default_model_dir(preset: str = DEFAULT_PRESET, seed: int = 0) -> Path:
     """The embedded default checkpoint, created on first use."""
     path = cache_dir() / "models" / f"{preset}-seed{seed}"
     if (path / "config.json").is_file():
+        _add_chat_template(path)
         return path
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     init_model(tmp, preset, seed)
@@ -243,3 +256,18 @@ def default_model_dir(preset: str = DEFAULT_PRESET, seed: int = 0) -> Path:
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
     return path
+
+
+def _add_chat_template(path: Path) -> None:
+    """A default model cached before ``init_model`` wrote a chat template gets it added to its
+    ``tokenizer_config.json`` (in place, atomically), so it chats without being rebuilt."""
+    config_path = path / "tokenizer_config.json"
+    if not config_path.is_file():
+        return
+    config = json.loads(config_path.read_text())
+    if "chat_template" in config or (path / "chat_template.jinja").is_file():
+        return
+    config["chat_template"] = CHAT_TEMPLATE
+    tmp = config_path.with_name(f"{config_path.name}.tmp{os.getpid()}")
+    _write_json(tmp, config)
+    tmp.replace(config_path)
