@@ -79,7 +79,8 @@ class LoopHealth:
 
 
 class RequestStream:
-    """Outputs of one request, in order; the last one has ``finished`` set."""
+    """Outputs of one request, in order; the last one has ``request_finished`` set (with
+    ``n`` > 1 the outputs of its sequences interleave, each naming its ``index``)."""
 
     def __init__(self, request_id: str, owner: AsyncEngine, loop: asyncio.AbstractEventLoop):
         self.request_id = request_id
@@ -102,7 +103,7 @@ class RequestStream:
         if isinstance(item, BaseException):
             self._done = True
             raise item
-        if item.finished:
+        if item.request_finished:
             self._done = True
         return item
 
@@ -248,20 +249,26 @@ class AsyncEngine:
         deliveries: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Any]]] = defaultdict(
             list
         )
+        failed_requests: list[str] = []
         with self._lock:
             for output in outputs:
-                if output.finished:
+                failure_ends = output.finish_reason == "error"
+                if output.request_finished or failure_ends:
                     stream = self._streams.pop(output.request_id, None)
                 else:
                     stream = self._streams.get(output.request_id)
                 if stream is None:
                     continue
-                if output.finish_reason == "error":
+                if failure_ends:
                     log.warning("request %s failed: %s", output.request_id, output.error)
                     failure = RequestFailed(output.request_id, output.error or "request failed")
                     deliveries[stream._loop].append((stream, failure))
+                    if not output.request_finished:  # its other sequences are not wanted now
+                        failed_requests.append(output.request_id)
                 else:
                     deliveries[stream._loop].append((stream, output))
+        for request_id in failed_requests:
+            self.engine.abort(request_id)
         for output in outputs:
             if output.finished and self._on_finished is not None:
                 try:

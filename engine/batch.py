@@ -4,9 +4,12 @@ the accounting every policy fills alike."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from engine.outputs import TokenLogprob
 
 EntryKind = Literal["prefill", "decode", "pad"]
 
@@ -100,10 +103,13 @@ FAILED_TOKEN = -1
 class StepResult:
     """What ``Runner.execute`` returns: one token id per entry whose ``sample`` is set, in batch
     order, and the rows that failed (``seq_id -> error message``; their token is
-    ``FAILED_TOKEN``). A failed row ends only its own request; the others are committed."""
+    ``FAILED_TOKEN``). A failed row ends only its own request; the others are committed.
+    ``logprobs``, aligned with ``token_ids``, is None unless some row asked for them (then
+    None for the rows that did not)."""
 
     token_ids: list[int]
     failed: dict[str, str] = field(default_factory=dict)
+    logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from engine.commands import CommandQueue
 from engine.config import EngineConfig, EngineLimits, config_options
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import QueueFull, RequestRejected
+from engine.families import Family, child_seed
 from engine.kv_cache import BlockManager, StepChanges
 from engine.kv_stats import KVIntegrity, KVStats, ReclaimResult
 from engine.outputs import RequestMetrics, RequestOutput
@@ -89,6 +90,8 @@ class LLMEngine:
         self.started_at = clock()
         self.wakeup = threading.Event()
         self._sequences: dict[str, Sequence] = {}
+        self._families: dict[str, Family] = {}
+        """Requests with ``n`` > 1 (engine/families.py), by request id, until they end."""
         self._inbox: deque[Sequence] = deque()
         self._inbox_lock = threading.Lock()
         self.commands = CommandQueue(self.wakeup, self._drain_inbox)
@@ -148,21 +151,33 @@ class LLMEngine:
         if self.num_waiting >= self.config.max_waiting:
             raise QueueFull(f"waiting queue is full (max_waiting={self.config.max_waiting})")
         request_id = request_id or uuid.uuid4().hex
-        seq = Sequence(
-            request_id, token_ids, params, self.clock() if arrival_time is None else arrival_time
-        )
-        if params.seed is not None:
-            seq.generator = torch.Generator(device=self._device).manual_seed(params.seed)
-        if self.tokenizer is not None:
-            seq.detokenizer = IncrementalDetokenizer.for_prompt(
-                self.tokenizer, len(token_ids), params.stop
-            )
+        arrival = self.clock() if arrival_time is None else arrival_time
+        seq = self._new_sequence(request_id, token_ids, params, arrival)
         with self._inbox_lock:
             if request_id in self._sequences or any(s.seq_id == request_id for s in self._inbox):
                 raise RequestRejected(f"request id {request_id!r} is already in use", "request_id")
             self._inbox.append(seq)
         self.wakeup.set()
         return request_id
+
+    def _new_sequence(
+        self,
+        seq_id: str,
+        token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float,
+        index: int = 0,
+        request_id: str = "",
+    ) -> Sequence:
+        seq = Sequence(seq_id, token_ids, params, arrival_time, index=index, request_id=request_id)
+        seed = child_seed(params.seed, index)
+        if seed is not None:
+            seq.generator = torch.Generator(device=self._device).manual_seed(seed)
+        if self.tokenizer is not None:
+            seq.detokenizer = IncrementalDetokenizer.for_prompt(
+                self.tokenizer, len(token_ids), params.stop
+            )
+        return seq
 
     def check_request(self, token_ids: list[int], params: SamplingParams) -> None:
         """Raise ``RequestRejected`` (naming the field) for a request that can never be served."""
@@ -251,36 +266,66 @@ class LLMEngine:
         request, a requeued one's token is dropped (it is computed again)."""
         now = self.clock()
         sampled = iter(result.token_ids)
+        logprobs = iter(result.logprobs) if result.logprobs is not None else None
         outputs: list[RequestOutput] = []
         finished: list[Sequence] = []
         failed: list[Sequence] = []
+        forked: list[Sequence] = []
         failed_rows = result.failed
+        families = self._families
         for entry in batch.entries:  # hot: once per sequence per step
             if not entry.sample:
                 continue
             seq = entry.seq
             token = next(sampled)
+            logprob = next(logprobs) if logprobs is not None else None
             if requeued and seq.seq_id in requeued:
                 continue
             if failed_rows and seq.seq_id in failed_rows:
                 failed.append(seq)
                 continue
-            seq.append_token(token, now)
+            seq.append_token(token, now, logprob)
             if self._check_stop(seq, token, now):
                 finished.append(seq)
-            outputs.append(RequestOutput.of(seq, [token]))
+            if not families or seq.request_id not in families:
+                outputs.append(RequestOutput.of(seq, [token]))
+                continue
+            family = families[seq.request_id]
+            if seq.index == 0 and len(seq.token_ids) - len(seq.prompt_token_ids) == 1:
+                forked.extend(family.fork(seq, self.blocks, self._new_sequence, self._sequences))
+            if seq.is_finished:
+                family.live -= 1
+            outputs.append(RequestOutput.of(seq, [token], None, family.siblings_running(seq)))
+        if forked:
+            self.policy.adopt(forked)
         blocks = self.blocks  # after the step's writes, before finished requests leave
         batch.kv_held_slots = blocks.num_used * blocks.block_size  # as KVStats.held_slots
         batch.kv_live_tokens = blocks.live_tokens
         for seq in failed:
             self.policy.abort(seq.seq_id)  # frees its blocks
             seq.finish("error", now)
-            outputs.append(RequestOutput.of(seq, [], error=result.failed[seq.seq_id]))
+            siblings = self._left_family(seq)
+            outputs.append(RequestOutput.of(seq, [], result.failed[seq.seq_id], siblings))
         self.policy.on_step_done(batch, finished)
         for seq in finished + failed:
             self._sequences.pop(seq.seq_id, None)
             self.stats.record_finish(RequestMetrics.of(seq), seq.num_output_tokens)
+        for seq in finished:
+            family = families.get(seq.request_id) if families else None
+            if family is not None and family.live == 0:
+                del families[seq.request_id]
         return outputs
+
+    def _left_family(self, seq: Sequence) -> int:
+        """``seq`` ended (error or abort): how many of its request's sequences still run
+        (0 for a request of one); a request with none left is forgotten."""
+        family = self._families.get(seq.request_id)
+        if family is None:
+            return 0
+        family.live -= 1
+        if family.live == 0:
+            del self._families[seq.request_id]
+        return family.live
 
     def _check_stop(self, seq: Sequence, token: int, now: float) -> bool:
         """Finish ``seq`` if ``token`` ends it; returns whether it did."""
@@ -342,6 +387,8 @@ class LLMEngine:
             for seq in arrived:
                 self._sequences[seq.seq_id] = seq
         for seq in arrived:
+            if seq.params.n > 1:
+                self._families[seq.request_id] = Family(seq.request_id, [seq], live=1)
             self.policy.add(seq)
 
     def _queued(self) -> list[Sequence]:
@@ -387,15 +434,23 @@ class LLMEngine:
         return self.commands.submit(sweep)
 
     def _abort(self, request_id: str) -> bool:
+        """Abort every unfinished sequence of the request (all ``n`` of them)."""
         self._drain_inbox()
-        seq = self._sequences.pop(request_id, None)
-        if seq is None:
-            return False
-        self.policy.abort(request_id)
-        seq.finish("abort", self.clock())
-        self._pending_outputs.append(RequestOutput.of(seq, []))
-        self.stats.record_finish(RequestMetrics.of(seq), seq.num_output_tokens)
-        return True
+        family = self._families.get(request_id)
+        if family is not None:
+            seqs = family.unfinished()
+        else:
+            seq = self._sequences.get(request_id)
+            seqs = [] if seq is None else [seq]
+        now = self.clock()
+        for seq in seqs:
+            self._sequences.pop(seq.seq_id, None)
+            self.policy.abort(seq.seq_id)
+            seq.finish("abort", now)
+            siblings = self._left_family(seq)
+            self._pending_outputs.append(RequestOutput.of(seq, [], None, siblings))
+            self.stats.record_finish(RequestMetrics.of(seq), seq.num_output_tokens)
+        return bool(seqs)
 
     # -- inspection -----------------------------------------------------------------------
 
@@ -411,9 +466,10 @@ class LLMEngine:
 
         return self.commands.submit(check)
 
-    def snapshot(self) -> EngineSnapshot:
-        """A consistent picture of queue, requests and KV (taken at a step boundary)."""
-        return self.commands.call(self._snapshot)
+    def snapshot(self, timeout: float | None = 30.0) -> EngineSnapshot:
+        """A consistent picture of queue, requests and KV (taken at a step boundary); waits up
+        to ``timeout`` for the boundary (``TimeoutError`` after it)."""
+        return self.commands.call(self._snapshot, timeout)
 
     def _snapshot(self) -> EngineSnapshot:
         now, blocks, stats = self.clock(), self.blocks, self.stats
@@ -428,7 +484,11 @@ class LLMEngine:
             policy=self.policy_spec,
             policy_version=self.policy_version,
             scheduler=scheduler,
-            queue=QueueDepths(waiting=scheduler.waiting, running=scheduler.running),
+            queue=QueueDepths(
+                waiting=scheduler.waiting,
+                running=scheduler.running,
+                max_waiting=self.config.max_waiting,
+            ),
             memory_reserve=blocks.memory_reserve,
             uptime_s=now - self.started_at,
             requests=requests,

@@ -410,13 +410,18 @@ class BlockManager:
                 self._to_free_list(block)
 
     def _store(self, seq_id: str, start: int, end: int) -> None:
+        """Positions ``[start, end)`` hold K/V now. One already stored (a forked sequence
+        recomputes its prompt's last token, engine/families.py) is not counted twice."""
         table = self._tables[seq_id]
         size = self.block_size
         fill = self._fill
-        last = (end - 1) // size
-        for j in range(start // size, last):
+        first, last = start // size, (end - 1) // size
+        stored = fill[table[first]] - start % size
+        if stored > 0:
+            start += min(stored, end - start)
+        for j in range(first, last):
             fill[table[j]] = size
-        fill[table[last]] = end - last * size
+        fill[table[last]] = max(fill[table[last]], end - last * size)
         self._live_tokens += end - start
 
     def _restore(self, seq_id: str, before: _Before, swaps: list[tuple[int, int, int]]) -> None:

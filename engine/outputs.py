@@ -17,6 +17,18 @@ from typing import Any
 from engine.sequence import Sequence
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One output token's log-probability under the model's raw distribution (a log-softmax of
+    the logits before temperature, top-k and top-p), and the ``top`` alternatives asked for
+    (``SamplingParams.logprobs``), most likely first, as ``(token_id, logprob)``. The chosen
+    token may or may not be among them, as in OpenAI's answers."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 class Lazy:
     """A field of a ``@dataclass(slots=True)`` whose slot left unset means "not copied yet"
     (``of()`` builds with ``__new__`` and skips it): the first read computes it with
@@ -129,16 +141,43 @@ class RequestOutput(Snapshot):
     stop_reason: str | int | None = None
     error: str | None = None
     """Why the request failed (``finish_reason == "error"``); its neighbours are unharmed."""
+    index: int = 0
+    """Which of the request's ``n`` sequences this is (0 .. n-1)."""
+    siblings_running: int = 0
+    """The request's other sequences still unfinished (``n`` > 1), as of this output."""
+    logprobs: list[TokenLogprob] | None = None
+    """One per output token when ``SamplingParams.logprobs`` is set (copied on first read)."""
+    new_logprobs: list[TokenLogprob] | None = None
+    """Those of ``new_token_ids``."""
 
     @property
     def finished(self) -> bool:
+        """This sequence is done (with ``n`` > 1 its siblings may not be)."""
         return self.finish_reason is not None
 
+    @property
+    def request_finished(self) -> bool:
+        """Every sequence of the request is done: the request's last output."""
+        return self.finish_reason is not None and self.siblings_running == 0
+
     @classmethod
-    def of(cls, seq: Sequence, new_token_ids: list[int], error: str | None = None) -> RequestOutput:
+    def of(
+        cls,
+        seq: Sequence,
+        new_token_ids: list[int],
+        error: str | None = None,
+        siblings_running: int = 0,
+    ) -> RequestOutput:
         """The request's output now, in O(1); takes the detokenizer's pending text delta."""
         out = cls.__new__(cls)  # hot: once per request per step; Lazy fields left unset
-        out.request_id = seq.seq_id
+        out.request_id = seq.request_id
+        out.index = seq.index
+        out.siblings_running = siblings_running
+        logprobs = seq.logprobs
+        if logprobs is None:
+            out.logprobs = out.new_logprobs = None
+        else:
+            out.new_logprobs = logprobs[len(logprobs) - len(new_token_ids) :]
         out.prompt_token_ids = seq.prompt_token_ids
         out.new_token_ids = new_token_ids
         out.finish_reason = seq.finish_reason
@@ -171,4 +210,9 @@ Lazy.install(
     lambda o: o._seq.token_ids[len(o.prompt_token_ids) : o._counts[0]],
 )
 Lazy.install(RequestOutput, "text", _text)
+Lazy.install(
+    RequestOutput,
+    "logprobs",
+    lambda o: o._seq.logprobs[: o._counts[0] - len(o.prompt_token_ids)],
+)
 Lazy.install(RequestOutput, "metrics", lambda o: RequestMetrics._of(o._seq, *o._counts[2:]))

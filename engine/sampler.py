@@ -15,6 +15,11 @@ Numerically safe for every value ``SamplingParams`` accepts:
 
 Rows are sampled one by one inside ``try``: a row that still fails ends only its own request
 (``StepResult.failed``), never its neighbours.
+
+Log-probabilities (``SamplingParams.logprobs``) are of the raw distribution, a log-softmax of
+the logits before temperature, top-k and top-p, as other OpenAI-compatible servers return by
+default. They are computed only for the rows that ask, in one batched pass after sampling;
+a step where no row asks costs one attribute read per row.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from engine.batch import FAILED_TOKEN, StepResult
+from engine.outputs import TokenLogprob
 from engine.sequence import Sequence
 
 
@@ -41,16 +47,46 @@ class Sampler:
         finite = torch.isfinite(best).tolist()
         tokens = argmax.tolist()
         failed: dict[str, str] = {}
+        want: list[int] = []
         for row, seq in enumerate(seqs):
+            params = seq.params
             try:
                 if not finite[row]:
                     raise ValueError("the model produced no finite logit (all NaN or -inf)")
-                if not seq.params.greedy:
+                if not params.greedy:
                     tokens[row] = self.sample_row(logits[row], seq)
             except Exception as exc:  # this row only: its request ends with the error
                 tokens[row] = FAILED_TOKEN
                 failed[seq.seq_id] = f"sampling failed: {exc}"
-        return StepResult(tokens, failed)
+                continue
+            if params.logprobs is not None:
+                want.append(row)
+        if not want:
+            return StepResult(tokens, failed)
+        return StepResult(tokens, failed, self.logprobs(logits, want, tokens, seqs))
+
+    @staticmethod
+    def logprobs(
+        logits: torch.Tensor, rows: list[int], tokens: list[int], seqs: list[Sequence]
+    ) -> list[TokenLogprob | None]:
+        """The chosen tokens' log-probabilities and each row's top-N, for ``rows`` (one
+        log-softmax and one top-k over all of them); None for the other rows."""
+        index = torch.tensor(rows, device=logits.device)
+        logprobs = torch.log_softmax(logits.index_select(0, index), dim=-1)
+        chosen_ids = torch.tensor([tokens[r] for r in rows], device=logits.device)
+        chosen = logprobs.gather(1, chosen_ids[:, None])[:, 0].tolist()
+        widths = [seqs[r].params.logprobs or 0 for r in rows]
+        top_values: list[list[float]] = [[] for _ in rows]
+        top_ids: list[list[int]] = [[] for _ in rows]
+        if max(widths) > 0:
+            top = torch.topk(logprobs, max(widths), dim=-1)
+            top_values, top_ids = top.values.tolist(), top.indices.tolist()
+        out: list[TokenLogprob | None] = [None] * len(seqs)
+        for i, row in enumerate(rows):
+            width = widths[i]
+            pairs = tuple(zip(top_ids[i][:width], top_values[i][:width], strict=True))
+            out[row] = TokenLogprob(tokens[row], chosen[i], pairs)
+        return out
 
     def sample_row(self, logits: torch.Tensor, seq: Sequence) -> int:
         """Sample one row (finite maximum guaranteed by the caller)."""

@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 
 GREEDY_BELOW_TEMPERATURE = 1e-5
 """A temperature under this samples greedily: dividing logits by less overflows float32."""
+MAX_N = 16
+"""Most sequences one request may ask for (``n``): each holds its own KV blocks past the
+shared prompt, so the bound keeps one request from taking the pool."""
+MAX_LOGPROBS = 20
+"""Most alternatives per token ``logprobs`` may ask for (as vLLM's default ``max_logprobs``)."""
 SEED_MIN = -(1 << 63)
 SEED_MAX = (1 << 64) - 1
 """The range ``torch.Generator.manual_seed`` accepts (a negative seed wraps modulo 2**64)."""
@@ -15,7 +20,13 @@ SEED_MAX = (1 << 64) - 1
 @dataclass(slots=True)
 class SamplingParams:
     """``temperature=0`` (or below ``GREEDY_BELOW_TEMPERATURE``) is greedy; ``seed`` gives the
-    request its own random generator; ``top_k`` of 0 or -1 disables top-k."""
+    request its own random generator; ``top_k`` of 0 or -1 disables top-k.
+
+    ``n`` sequences share the prompt's KV blocks (the prompt is computed once, then forked);
+    sequence ``i`` samples with its own generator seeded ``seed + i`` when ``seed`` is set.
+    ``logprobs=N`` gives every output token its log-probability and the ``N`` most likely
+    tokens' (0: the chosen token's only), of the model's raw distribution (a log-softmax of the
+    logits before temperature, top-k and top-p); None computes nothing."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -25,6 +36,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    n: int = 1
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -42,6 +55,10 @@ class SamplingParams:
                 f"seed must be in [{SEED_MIN}, {SEED_MAX}] (the range of a 64-bit generator "
                 f"seed), got {self.seed}"
             )
+        if not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be in [1, {MAX_N}], got {self.n}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
 

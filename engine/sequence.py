@@ -5,11 +5,15 @@ from __future__ import annotations
 import enum
 from collections import abc
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.outputs import TokenLogprob
 
 NO_BLOCKS: abc.Sequence[int] = ()
 """The block table of a sequence that holds no KV blocks."""
@@ -27,6 +31,10 @@ class Sequence:
 
     ``block_table`` is the BlockManager's read-only live view of the sequence's blocks
     (``BlockManager.table``), set when the sequence is admitted; the runner reads it.
+
+    A request asking for ``n`` > 1 sequences is one sequence (``index`` 0, ``seq_id`` the
+    request id) until its prompt is computed; then the engine forks the others (``index``
+    1 .. n-1) off its KV blocks. ``request_id`` is the request all of them answer.
     """
 
     seq_id: str
@@ -47,9 +55,17 @@ class Sequence:
     num_preemptions: int = 0
     generator: torch.Generator | None = None
     detokenizer: IncrementalDetokenizer | None = None
+    index: int = 0
+    request_id: str = ""
+    logprobs: list[TokenLogprob] | None = None
+    """One per output token when the request asks for them (``SamplingParams.logprobs``)."""
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
+        if not self.request_id:
+            self.request_id = self.seq_id
+        if self.params.logprobs is not None:
+            self.logprobs = []
 
     @property
     def num_tokens(self) -> int:
@@ -80,9 +96,11 @@ class Sequence:
         """More than one token still lacks K/V: the prompt (or a recompute) is not done."""
         return self.num_uncomputed_tokens > 1
 
-    def append_token(self, token_id: int, now: float) -> None:
+    def append_token(self, token_id: int, now: float, logprob: TokenLogprob | None = None) -> None:
         self.token_ids.append(token_id)
         self.token_times.append(now)
+        if self.logprobs is not None and logprob is not None:
+            self.logprobs.append(logprob)
         if self.first_token_time is None:
             self.first_token_time = now
 

@@ -107,9 +107,12 @@ class PaddedGroupPolicy(SchedulingPolicy):
         return running + queued + waiting
 
     def adopt(self, seqs: list[Sequence]) -> None:
-        """Sequences that hold blocks become the running group, run to completion first."""
+        """Sequences that hold blocks join the running group (after a handover the group is
+        empty: they become it), run to completion first. The engine adopts a request's
+        forked sequences (``n`` > 1) mid-group this way; the group's finished rows stay."""
         super().adopt(seqs)
-        self.group = list(self.running)
+        grouped = {id(s) for s in self.group}
+        self.group += [s for s in self.running if id(s) not in grouped]
 
     def live_ids(self) -> set[str]:
         ids = super().live_ids() | {s.seq_id for s in self.group}
