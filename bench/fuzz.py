@@ -49,6 +49,8 @@ EXCLUDED_REGEX = "|".join(f"(?:{pattern})" for pattern in EXCLUDED_PATHS)
 DOCUMENTED_REFUSALS = {
     "context_length_exceeded": "prompt tokens + max_tokens beyond max_model_len or the KV pool: "
     "it depends on the tokenized prompt (OpenAI's code for it)",
+    "unsupported_combination": "echo with logprobs on /v1/completions (the prompt's own "
+    "logprobs are not computed): a rule across two fields the schema does not state",
 }
 # Limits of the run itself, not exclusions: reported with the summary.
 NOT_CHECKED = {

@@ -18,10 +18,13 @@ from pydantic import (
     WithJsonSchema,
     field_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from control.core.config import MEMORY_RESERVE_BOUNDS, RECLAIM_INTERVAL_BOUNDS
+from control.openai_fields import JsonInt, UnsupportedFields, _json_integer
 from control.schedules import cron_trigger, wall_time, zone
 from engine.kv_stats import KVStats
+from engine.sampling_params import MAX_LOGPROBS, MAX_N
 from engine.snapshot import Latency, QueueDepths, RequestSnapshot, Throughput, Totals
 from policies.base import PolicySnapshot, PolicySpec
 from policies.registry import params_schemas
@@ -65,18 +68,6 @@ def _valid_unicode(value: str, field: str) -> str:
     return value
 
 
-def _json_integer(value: Any) -> Any:
-    """JSON Schema's integer includes ``1.0``: an integral float becomes its int (a bool, a
-    string or ``2.5`` is still refused)."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-JsonInt = Annotated[StrictInt, BeforeValidator(_json_integer)]
-"""An integer as JSON Schema's ``integer`` means it: ``3`` or ``3.0``, never ``true``/``"3"``."""
-
-
 class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
@@ -91,12 +82,13 @@ Seed = Annotated[
 StopString = Annotated[StrictStr, Field(min_length=1)]
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(UnsupportedFields):
     """Types are strict where OpenAI's schema is (no ``"yes"`` for a boolean, no ``true`` for
     a token id); numbers may be written as integers. Limits that depend on the server's
     settings (stop list size, prompt length) are checked by the route and answer 400; the
     stop list's are written into ``/openapi.json`` from the settings
-    (``control.api.limits.document_stop_limits``)."""
+    (``control.api.limits.document_stop_limits``). Fields accepted only at their default
+    (``best_of``, penalties, ``logit_bias``, ...) come from ``UnsupportedFields``."""
 
     model: StrictStr | None = None
     prompt: TextPrompt | TokenPrompt = Field(description="Text, or token ids (not empty).")
@@ -117,7 +109,28 @@ class CompletionRequest(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = Field(False, description="Extension: keep generating past EOS.")
-    n: JsonInt = Field(1, ge=1, le=1, description="Only one choice per request is supported.")
+    n: JsonInt = Field(
+        1,
+        ge=1,
+        le=MAX_N,
+        description="Choices to generate; they share the prompt's KV blocks (computed once). "
+        "With a seed, choice i samples with seed + i.",
+    )
+    logprobs: JsonInt | None = Field(
+        None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description="Log-probabilities of each token and of the N most likely ones (plus the "
+        "chosen one), from the model's raw distribution (before temperature, top-k, top-p).",
+    )
+    echo: StrictBool = Field(
+        False, description="Prepend the prompt to each choice's text (not with logprobs)."
+    )
+    suffix: StrictStr | None = Field(
+        None,
+        description='Only "" (or null) is accepted: insertion is not supported.',
+        json_schema_extra={"maxLength": 0},
+    )
 
     @field_validator("model")
     @classmethod
@@ -128,6 +141,15 @@ class CompletionRequest(BaseModel):
     @classmethod
     def _prompt_unicode(cls, value: str | list[int]) -> str | list[int]:
         return _valid_unicode(value, "prompt") if isinstance(value, str) else value
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str | None) -> str | None:
+        if value:
+            raise PydanticCustomError(
+                "unsupported_value", 'suffix is not supported: only "" is accepted'
+            )
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -157,10 +179,22 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy completions logprobs, one entry per token of the choice's text."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None] = Field(
+        description="Per token: the N most likely tokens' log-probabilities, most likely "
+        "first, plus the chosen token's."
+    )
+    text_offset: list[int] = Field(description="Where each token's text starts.")
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
     stop_reason: str | int | None = Field(
         None, description="Extension: the stop string or token id that ended the text."
@@ -177,10 +211,18 @@ class CompletionResponse(BaseModel):
 
 
 class ModelCard(BaseModel):
+    """What vLLM's ``/v1/models`` gives for a model (``permission`` is always empty)."""
+
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "servedeck"
+    root: str | None = Field(
+        None, description="What the model is served as (vLLM: its checkpoint)."
+    )
+    parent: str | None = None
+    max_model_len: int | None = Field(None, description="Prompt + output tokens, at most.")
+    permission: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class ModelList(BaseModel):

@@ -1,22 +1,31 @@
-"""``POST /v1/completions``: OpenAI-compatible, streamed as server-sent events on request."""
+"""``POST /v1/completions``: OpenAI-compatible, streamed as server-sent events on request.
+
+``n`` choices are one engine request of ``n`` sequences (the prompt computed once, then
+forked); their outputs interleave on one stream, each chunk naming its choice's ``index``.
+``logprobs`` are rendered by control/api/logprobs.py; ``echo`` prepends the prompt's text
+(the first chunk of each choice carries it when streaming).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TypeVar
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
+from tokenizers import Tokenizer
 
 from control.api.deps import ApiKeyDep, ContextDep, RuntimeDep
 from control.api.errors import ApiError, public_errors
 from control.api.limits import check_stop_list, prompt_token_ids
+from control.api.logprobs import TokenTexts, completion_logprobs
 from control.schemas import (
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     ErrorInfo,
@@ -24,7 +33,7 @@ from control.schemas import (
     Usage,
 )
 from engine.async_engine import EngineStepError, EngineStopped, RequestStream
-from engine.outputs import RequestOutput
+from engine.outputs import RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
 
 router = APIRouter(tags=["public"], dependencies=[ApiKeyDep])
@@ -66,23 +75,34 @@ async def create_completion(
             code="model_not_found",
             reason="unknown_model",
         )
+    if body.echo and body.logprobs is not None:
+        raise ApiError(
+            400,
+            "echo with logprobs is not supported: the prompt's own log-probabilities are not "
+            "computed (echo alone, or logprobs alone, is)",
+            param="echo",
+            code="unsupported_combination",
+            reason="invalid",
+        )
     settings = ctx.settings
     check_stop_list(list(body.stop or []), settings.max_stop_strings, settings.max_stop_length)
-    token_ids = await prompt_token_ids(body.prompt, runtime.llm_engine)
+    engine = runtime.llm_engine
+    token_ids = await prompt_token_ids(body.prompt, engine)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     stream = runtime.engine.add_request(token_ids, sampling_params(body), request_id)
     created = int(time.time())
+    render = Render(body, engine.tokenizer)
     if not body.stream:
         try:
-            final = await _unless_gone(_last(stream), request)
+            finals = await _unless_gone(_finals(stream), request)
         finally:
             await stream.aclose()
         return CompletionResponse(
             id=request_id,
             created=created,
             model=runtime.model_name,
-            choices=[_choice(final, final.text)],
-            usage=_usage(final),
+            choices=[render.final(finals[i]) for i in sorted(finals)],
+            usage=_usage(finals.values()),
         )
     # Every refusal was raised above, before this: it answers with a JSON error, never with
     # an event stream. The stream starts at once (clients see the queue time as time to
@@ -91,6 +111,7 @@ async def create_completion(
     events = _events(
         stream,
         Chunker(request_id, created, runtime.model_name),
+        render,
         include_usage,
         runtime.metrics.count_failed,
     )
@@ -113,12 +134,12 @@ async def _unless_gone(work: Awaitable[T], request: Request) -> T:
         task.cancel()  # cancelling the stream's reader aborts the request
 
 
-async def _last(stream: RequestStream) -> RequestOutput:
-    final: RequestOutput | None = None
+async def _finals(stream: RequestStream) -> dict[int, RequestOutput]:
+    """The last output of each of the request's sequences, by choice index."""
+    finals: dict[int, RequestOutput] = {}
     async for output in stream:
-        final = output
-    assert final is not None
-    return final
+        finals[output.index] = output
+    return finals
 
 
 def sampling_params(body: CompletionRequest) -> SamplingParams:
@@ -130,7 +151,54 @@ def sampling_params(body: CompletionRequest) -> SamplingParams:
         seed=body.seed,
         stop=list(body.stop or []),
         ignore_eos=body.ignore_eos,
+        n=body.n,
+        logprobs=body.logprobs,
     )
+
+
+class Render:
+    """Choices of one request: the echoed prompt and the logprobs, whole or chunk by chunk
+    (per choice, the tokens since its last chunk and where their text starts)."""
+
+    def __init__(self, body: CompletionRequest, tokenizer: Tokenizer | None) -> None:
+        self.want_logprobs = body.logprobs is not None
+        self.texts = TokenTexts(tokenizer)
+        self.echo = ""
+        if body.echo:
+            prompt = body.prompt
+            if isinstance(prompt, str):
+                self.echo = prompt
+            elif tokenizer is not None:
+                self.echo = tokenizer.decode(prompt, skip_special_tokens=False)
+        self._pending: dict[int, list[TokenLogprob]] = {}
+        self._offset: dict[int, int] = {}
+        self._started: set[int] = set()
+
+    def final(self, output: RequestOutput) -> CompletionChoice:
+        logprobs = None
+        if self.want_logprobs:
+            logprobs, _ = completion_logprobs(output.logprobs or [], self.texts)
+        return _choice(output, self.echo + output.text, logprobs)
+
+    def chunk(self, output: RequestOutput) -> CompletionChoice | None:
+        """The choice's next chunk, or None while it has no text to send yet."""
+        index = output.index
+        pending = self._pending.setdefault(index, [])
+        if self.want_logprobs:
+            pending.extend(output.new_logprobs or [])
+        if not (output.text_delta or output.finished):
+            return None
+        text = output.text_delta
+        if index not in self._started:
+            self._started.add(index)
+            text = self.echo + text
+        logprobs = None
+        if self.want_logprobs:
+            logprobs, self._offset[index] = completion_logprobs(
+                pending, self.texts, self._offset.get(index, 0)
+            )
+            pending.clear()
+        return _choice(output, text, logprobs)
 
 
 class Chunker:
@@ -153,17 +221,19 @@ class Chunker:
 async def _events(
     stream: RequestStream,
     chunk: Chunker,
+    render: Render,
     include_usage: bool,
     on_failure: Callable[[], None],
 ) -> AsyncIterator[str]:
-    last: RequestOutput | None = None
+    last: dict[int, RequestOutput] = {}
     try:
         async for output in stream:
-            last = output
-            if output.text_delta or output.finished:
-                yield chunk([_choice(output, output.text_delta)])
-        if include_usage and last is not None:
-            yield chunk([], _usage(last))
+            last[output.index] = output
+            choice = render.chunk(output)
+            if choice is not None:
+                yield chunk([choice])
+        if include_usage and last:
+            yield chunk([], _usage(last.values()))
     except (EngineStepError, EngineStopped) as exc:
         on_failure()
         code = "engine_stopped" if isinstance(exc, EngineStopped) else "engine_error"
@@ -177,16 +247,23 @@ def _sse(body: BaseModel) -> str:
     return f"data: {body.model_dump_json()}\n\n"
 
 
-def _choice(output: RequestOutput, text: str) -> CompletionChoice:
+def _choice(
+    output: RequestOutput, text: str, logprobs: CompletionLogprobs | None = None
+) -> CompletionChoice:
     return CompletionChoice(
+        index=output.index,
         text=text,
+        logprobs=logprobs,
         finish_reason=output.finish_reason,
         stop_reason=output.stop_reason if output.finished else None,
     )
 
 
-def _usage(output: RequestOutput) -> Usage:
-    prompt, completion = len(output.prompt_token_ids), len(output.token_ids)
+def _usage(finals: Iterable[RequestOutput]) -> Usage:
+    """The prompt once, every choice's tokens."""
+    outputs = list(finals)
+    prompt = len(outputs[0].prompt_token_ids)
+    completion = sum(len(output.token_ids) for output in outputs)
     return Usage(
         prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
     )

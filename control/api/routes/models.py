@@ -13,4 +13,10 @@ router = APIRouter(tags=["public"], dependencies=[ApiKeyDep])
 
 @router.get("/v1/models", response_model=ModelList, responses=public_errors(401, 500, 503))
 def list_models(runtime: RuntimeDep) -> ModelList:
-    return ModelList(data=[ModelCard(id=runtime.model_name, created=runtime.created)])
+    card = ModelCard(
+        id=runtime.model_name,
+        created=runtime.created,
+        root=runtime.model_name,
+        max_model_len=runtime.llm_engine.limits.max_model_len,
+    )
+    return ModelList(data=[card])
