@@ -19,20 +19,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
 from control.metrics import ControlMetrics
-from control.models import PolicyVersion, Schedule, ScheduleChange, as_utc, utcnow
+from control.models import PolicyVersion, Schedule, as_utc, utcnow
 from control.policy_checks import SettingsInvalid, pydantic_errors
-from control.schedules import WindowSpec, active_window, next_firings, window_end
+from control.schedule_views import audit, detail_of, public, spec_of, view_of
+from control.schedules import active_window
 from control.schemas import (
     PolicySettings,
     PolicyUpdate,
-    ScheduleChangeView,
     ScheduleCreate,
     ScheduleDetail,
     ScheduleList,
@@ -46,17 +45,11 @@ log = logging.getLogger(__name__)
 
 JOB_ID = "schedule_windows"
 TICK_S = 1.0
-PREVIEW = 5
 ACTOR_PREFIX = "schedule:"
 
 
 class ScheduleNotFound(LookupError):
     pass
-
-
-def spec_of(row: Schedule) -> WindowSpec:
-    assert row.id is not None
-    return WindowSpec(row.id, row.cron, row.until, row.timezone, row.priority, row.cron_seconds)
 
 
 def _stamp(moment: datetime) -> str:
@@ -88,26 +81,12 @@ class Schedules:
             raise ScheduleNotFound(f"schedule {schedule_id} does not exist")
         return row
 
-    def _view(self, row: Schedule, now: datetime, active: int | None) -> ScheduleView:
-        firings = next_firings(spec_of(row), now, 1)
-        return ScheduleView.model_validate(
-            {
-                **row.model_dump(),
-                "policy": {"name": row.policy_name, "params": row.policy_params},
-                "created_at": as_utc(row.created_at),
-                "window_start": row.window_start and as_utc(row.window_start),
-                "last_end_at": row.last_end_at and as_utc(row.last_end_at),
-                "next_run_at": firings[0] if firings else None,
-                "active": row.id == active,
-            }
-        )
-
     def list(self, session: Session) -> ScheduleList:
         now = self._clock()
         rows = self._live(session)
         window = active_window([spec_of(r) for r in rows], now)
         active = window.schedule_id if window else None
-        return ScheduleList(items=[self._view(r, now, active) for r in rows], active=active)
+        return ScheduleList(items=[view_of(r, now, active) for r in rows], active=active)
 
     def in_force(self, now: datetime | None = None) -> int | None:
         """The id of the schedule whose window is in force at ``now`` (default: the clock),
@@ -121,22 +100,7 @@ class Schedules:
         now = self._clock()
         row = self._row(session, schedule_id)
         window = active_window([spec_of(r) for r in self._live(session)], now)
-        view = self._view(row, now, window.schedule_id if window else None)
-        firings = next_firings(spec_of(row), now, PREVIEW)
-        changes = session.exec(
-            select(ScheduleChange)
-            .where(ScheduleChange.schedule_id == schedule_id)
-            .order_by(col(ScheduleChange.id))
-        ).all()
-        return ScheduleDetail(
-            **view.model_dump(),
-            next_firings=firings,
-            next_ends=[window_end(f, row.until, row.timezone) for f in firings],
-            changes=[
-                ScheduleChangeView.model_validate(c.model_dump() | {"at": as_utc(c.at)})
-                for c in changes
-            ],
-        )
+        return detail_of(session, row, now, window.schedule_id if window else None)
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -154,49 +118,21 @@ class Schedules:
         session.add(row)
         session.flush()
         assert row.id is not None
-        self._audit(session, row.id, "create", actor, body.reason, None, self._public(row))
+        audit(session, row.id, "create", actor, body.reason, None, public(row))
         session.commit()
         session.refresh(row)
         log.info("schedule %d created by %s: %s until %s", row.id, actor, row.cron, row.until)
-        return self._view(row, self._clock(), None)
+        return view_of(row, self._clock(), None)
 
     def delete(self, session: Session, schedule_id: int, actor: str, reason: str) -> ScheduleView:
         row = self._row(session, schedule_id)
-        before = self._public(row)
+        before = public(row)
         row.deleted_at = utcnow()
         session.add(row)
-        self._audit(session, schedule_id, "delete", actor, reason, before, None)
+        audit(session, schedule_id, "delete", actor, reason, before, None)
         session.commit()
         session.refresh(row)
-        return self._view(row, self._clock(), None)
-
-    def _public(self, row: Schedule) -> dict[str, Any]:
-        return row.model_dump(
-            mode="json",
-            include={"cron", "cron_seconds", "until", "timezone", "policy_name"}
-            | {"policy_params", "memory_reserve", "reason", "priority"},
-        )
-
-    def _audit(
-        self,
-        session: Session,
-        schedule_id: int,
-        action: str,
-        actor: str,
-        reason: str,
-        before: dict[str, Any] | None,
-        after: dict[str, Any] | None,
-    ) -> None:
-        session.add(
-            ScheduleChange(
-                schedule_id=schedule_id,
-                action=action,
-                actor=actor,
-                reason=reason,
-                before=before,
-                after=after,
-            )
-        )
+        return view_of(row, self._clock(), None)
 
     # -- the job ---------------------------------------------------------------------------
 
