@@ -9,6 +9,7 @@ from control.api.routes import (
     admin_schedules,
     admin_state,
     admin_trace,
+    chat,
     completions,
     health,
     metrics,
@@ -18,6 +19,7 @@ from control.api.routes import (
 api_router = APIRouter()
 for module in (
     completions,
+    chat,
     models,
     health,
     metrics,
