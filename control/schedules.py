@@ -56,21 +56,65 @@ def zone(name: str) -> ZoneInfo:
         raise ValueError(f"unknown time zone {name!r}") from exc
 
 
+WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+"""Crontab's weekday numbers: 0 (and 7) is Sunday. APScheduler 3 numbers from Monday = 0, so
+numbers are never handed to it: the field is rewritten as the names it means."""
+
+
+def crontab_weekdays(field: str) -> str:
+    """A crontab day-of-week field (numbers 0-7, names, ranges, lists, steps) as the list of
+    weekday names it means (``*`` when every day); ValueError naming what is wrong."""
+    days: set[int] = set()
+    for item in field.lower().split(","):
+        base, _, step_text = item.partition("/")
+        step = int(step_text) if step_text.isdigit() and int(step_text) > 0 else None
+        if step_text and step is None:
+            raise ValueError(f"bad step in day of week {field!r}")
+        if base == "*":
+            lo, hi = 0, 6
+        else:
+            first, _, last = base.partition("-")
+            lo, hi = _weekday(first, field), _weekday(last or first, field)
+            if step and not last:
+                hi = 7 if lo else 6
+            if lo > hi:
+                raise ValueError(f"day-of-week range {base!r} runs backwards in {field!r}")
+        days |= {d % 7 for d in range(lo, hi + 1, step or 1)}
+    return "*" if len(days) == 7 else ",".join(WEEKDAYS[d] for d in sorted(days))
+
+
+def _weekday(text: str, field: str) -> int:
+    if text.isdigit() and int(text) <= 7:
+        return int(text)
+    if text[:3] in WEEKDAYS and len(text) == 3:
+        return WEEKDAYS.index(text)
+    raise ValueError(f"bad day of week {text!r} in {field!r} (0-7 or sun-sat)")
+
+
 def cron_trigger(cron: str, timezone: str, cron_seconds: str | None = None) -> CronTrigger:
     """The trigger of a crontab expression (5 fields) in ``timezone``; ``cron_seconds`` (a cron
     field such as ``30`` or ``*/10``) adds the seconds field crontab has not; ValueError when
-    either is malformed."""
-    trigger = CronTrigger.from_crontab(cron, timezone=zone(timezone))
-    if cron_seconds is None:
-        return trigger
-    minute, hour, day, month, day_of_week = cron.split()
+    either is malformed.
+
+    Crontab's meaning is kept where APScheduler's differs: weekday numbers count from Sunday
+    (``crontab_weekdays``), and an expression restricting both the day of the month and the
+    day of the week is refused (crontab fires on either, APScheduler only on both)."""
+    fields = cron.split()
+    if len(fields) != 5:
+        raise ValueError(f"cron needs 5 fields (minute hour day month weekday), got {cron!r}")
+    minute, hour, day, month, day_of_week = fields
+    if day != "*" and day_of_week != "*":
+        raise ValueError(
+            "restrict the day of the month or the day of the week, not both "
+            f"({cron!r}: crontab fires on either, this scheduler only on both)"
+        )
     return CronTrigger(
-        second=cron_seconds,
+        second=cron_seconds if cron_seconds is not None else "0",
         minute=minute,
         hour=hour,
         day=day,
         month=month,
-        day_of_week=day_of_week,
+        day_of_week=crontab_weekdays(day_of_week),
         timezone=zone(timezone),
     )
 
