@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, StrictBool, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    WithJsonSchema,
+    field_validator,
+)
 
 from control.openai_fields import JsonInt, UnsupportedFields
 from control.schemas import CompletionRequest, Usage, _valid_unicode
@@ -29,8 +37,14 @@ def _shared(name: str) -> Any:
 
 
 class ContentPart(BaseModel):
+    """A part of a message's content. Only text parts are served; the schema says so (``type``
+    ``text``, ``text`` required), while the model takes any part so that the route can name
+    the one it refuses (``messages[i].content[j].type``)."""
+
+    model_config = ConfigDict(json_schema_extra={"required": ["type", "text"]})
+
     type: StrictStr = Field(json_schema_extra={"enum": ["text"]})
-    text: StrictStr | None = None
+    text: Annotated[StrictStr | None, WithJsonSchema({"type": "string"})] = None
 
     @field_validator("text")
     @classmethod
@@ -42,8 +56,7 @@ class ChatMessage(BaseModel):
     role: StrictStr = Field(json_schema_extra={"enum": list(ROLES)})
     content: StrictStr | list[ContentPart] | None = Field(
         None,
-        description="Text, or a list of text parts (joined with newlines); null only for an "
-        "assistant message.",
+        description="Text, or a list of text parts (joined with newlines); null is empty.",
     )
     name: StrictStr | None = None
 
@@ -63,9 +76,7 @@ class ChatMessage(BaseModel):
                 f"{where}.role",
             )
         content = self.content
-        if content is None:
-            if self.role != "assistant":
-                raise RequestRejected(f"{where}.content is required", f"{where}.content")
+        if content is None:  # OpenAI's assistant message that only called tools
             content = ""
         elif isinstance(content, list):
             texts = []

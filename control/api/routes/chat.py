@@ -80,7 +80,13 @@ async def create_chat_completion(
             reason="unknown_model",
         )
     if body.top_logprobs is not None and not body.logprobs:
-        raise RequestRejected("top_logprobs needs logprobs: true", "top_logprobs")
+        raise ApiError(
+            400,
+            "top_logprobs needs logprobs: true",
+            param="top_logprobs",
+            code="unsupported_combination",
+            reason="invalid",
+        )
     conversation = body.conversation()
     settings = ctx.settings
     check_stop_list(list(body.stop or []), settings.max_stop_strings, settings.max_stop_length)
