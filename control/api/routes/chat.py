@@ -10,37 +10,31 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from control.api.chat_choices import Chunker, Render
 from control.api.deps import ApiKeyDep, ContextDep, RuntimeDep
 from control.api.errors import ApiError, public_errors, rejection_code
 from control.api.limits import check_stop_list
-from control.api.logprobs import TokenTexts, finite
 from control.api.routes.completions import _finals, _sse, _unless_gone, _usage
 from control.chat_schemas import (
-    ChatChoice,
     ChatChunkChoice,
-    ChatCompletionChunk,
-    ChatCompletionMessage,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatDelta,
-    ChatLogprobs,
-    ChatTokenLogprob,
-    TopLogprob,
 )
 from control.chat_template import ChatTemplateError, load_chat_template
-from control.schemas import ErrorInfo, ErrorResponse, Usage
+from control.schemas import ErrorInfo, ErrorResponse
 from engine.admission import check_text_size
 from engine.async_engine import EngineStepError, EngineStopped, RequestStream
 from engine.engine import LLMEngine
 from engine.errors import RequestRejected
-from engine.outputs import RequestOutput, TokenLogprob
+from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
 router = APIRouter(tags=["public"], dependencies=[ApiKeyDep])
@@ -174,82 +168,6 @@ def sampling_params(body: ChatCompletionRequest, room: int) -> SamplingParams:
         n=body.n,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
     )
-
-
-def chat_logprobs(entries: Iterable[TokenLogprob], texts: TokenTexts, top: int) -> ChatLogprobs:
-    """OpenAI's ``logprobs.content``: per token its text, log-probability, UTF-8 bytes and the
-    ``top`` most likely alternatives."""
-    return ChatLogprobs(
-        content=[
-            ChatTokenLogprob(
-                token=texts(entry.token_id),
-                logprob=finite(entry.logprob),
-                bytes=texts.utf8(entry.token_id),
-                top_logprobs=[
-                    TopLogprob(token=texts(tid), logprob=finite(lp), bytes=texts.utf8(tid))
-                    for tid, lp in entry.top[:top]
-                ],
-            )
-            for entry in entries
-        ]
-    )
-
-
-class Render:
-    """Choices of one request, whole or chunk by chunk (with each choice's logprobs since its
-    last chunk)."""
-
-    def __init__(self, body: ChatCompletionRequest, engine: LLMEngine) -> None:
-        self.want_logprobs = bool(body.logprobs)
-        self.top = body.top_logprobs or 0
-        self.texts = TokenTexts(engine.tokenizer)
-        self._pending: dict[int, list[TokenLogprob]] = {}
-
-    def _logprobs(self, entries: Iterable[TokenLogprob]) -> ChatLogprobs | None:
-        return chat_logprobs(entries, self.texts, self.top) if self.want_logprobs else None
-
-    def final(self, output: RequestOutput) -> ChatChoice:
-        return ChatChoice(
-            index=output.index,
-            message=ChatCompletionMessage(content=output.text),
-            logprobs=self._logprobs(output.logprobs or []),
-            finish_reason=output.finish_reason,
-            stop_reason=output.stop_reason,
-        )
-
-    def chunk(self, output: RequestOutput) -> ChatChunkChoice | None:
-        """The choice's next chunk, or None while it has no text to send yet."""
-        pending = self._pending.setdefault(output.index, [])
-        pending.extend(output.new_logprobs or [])
-        if not (output.text_delta or output.finished):
-            return None
-        choice = ChatChunkChoice(
-            index=output.index,
-            delta=ChatDelta(content=output.text_delta),
-            logprobs=self._logprobs(pending),
-            finish_reason=output.finish_reason,
-            stop_reason=output.stop_reason if output.finished else None,
-        )
-        pending.clear()
-        return choice
-
-
-class Chunker:
-    """One SSE ``data:`` line per chunk, all with the request's id, time and model."""
-
-    def __init__(self, request_id: str, created: int, model: str) -> None:
-        self.request_id, self.created, self.model = request_id, created, model
-
-    def __call__(self, choices: list[ChatChunkChoice], usage: Usage | None = None) -> str:
-        return _sse(
-            ChatCompletionChunk(
-                id=self.request_id,
-                created=self.created,
-                model=self.model,
-                choices=choices,
-                usage=usage,
-            )
-        )
 
 
 async def _events(

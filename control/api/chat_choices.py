@@ -1,0 +1,100 @@
+"""The choices of a chat answer, whole (``chat.completion``) or as the chunks of a stream
+(``chat.completion.chunk``), with OpenAI's chat logprobs (``logprobs.content[]``) built from
+the engine's ``TokenLogprob`` entries (control/api/logprobs.py decodes the tokens)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from control.api.logprobs import TokenTexts, finite
+from control.api.routes.completions import _sse
+from control.chat_schemas import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionMessage,
+    ChatCompletionRequest,
+    ChatDelta,
+    ChatLogprobs,
+    ChatTokenLogprob,
+    TopLogprob,
+)
+from control.schemas import Usage
+from engine.engine import LLMEngine
+from engine.outputs import RequestOutput, TokenLogprob
+
+
+def chat_logprobs(entries: Iterable[TokenLogprob], texts: TokenTexts, top: int) -> ChatLogprobs:
+    """OpenAI's ``logprobs.content``: per token its text, log-probability, UTF-8 bytes and the
+    ``top`` most likely alternatives."""
+    return ChatLogprobs(
+        content=[
+            ChatTokenLogprob(
+                token=texts(entry.token_id),
+                logprob=finite(entry.logprob),
+                bytes=texts.utf8(entry.token_id),
+                top_logprobs=[
+                    TopLogprob(token=texts(tid), logprob=finite(lp), bytes=texts.utf8(tid))
+                    for tid, lp in entry.top[:top]
+                ],
+            )
+            for entry in entries
+        ]
+    )
+
+
+class Render:
+    """Choices of one request, whole or chunk by chunk (with each choice's logprobs since its
+    last chunk)."""
+
+    def __init__(self, body: ChatCompletionRequest, engine: LLMEngine) -> None:
+        self.want_logprobs = bool(body.logprobs)
+        self.top = body.top_logprobs or 0
+        self.texts = TokenTexts(engine.tokenizer)
+        self._pending: dict[int, list[TokenLogprob]] = {}
+
+    def _logprobs(self, entries: Iterable[TokenLogprob]) -> ChatLogprobs | None:
+        return chat_logprobs(entries, self.texts, self.top) if self.want_logprobs else None
+
+    def final(self, output: RequestOutput) -> ChatChoice:
+        return ChatChoice(
+            index=output.index,
+            message=ChatCompletionMessage(content=output.text),
+            logprobs=self._logprobs(output.logprobs or []),
+            finish_reason=output.finish_reason,
+            stop_reason=output.stop_reason,
+        )
+
+    def chunk(self, output: RequestOutput) -> ChatChunkChoice | None:
+        """The choice's next chunk, or None while it has no text to send yet."""
+        pending = self._pending.setdefault(output.index, [])
+        pending.extend(output.new_logprobs or [])
+        if not (output.text_delta or output.finished):
+            return None
+        choice = ChatChunkChoice(
+            index=output.index,
+            delta=ChatDelta(content=output.text_delta),
+            logprobs=self._logprobs(pending),
+            finish_reason=output.finish_reason,
+            stop_reason=output.stop_reason if output.finished else None,
+        )
+        pending.clear()
+        return choice
+
+
+class Chunker:
+    """One SSE ``data:`` line per chunk, all with the request's id, time and model."""
+
+    def __init__(self, request_id: str, created: int, model: str) -> None:
+        self.request_id, self.created, self.model = request_id, created, model
+
+    def __call__(self, choices: list[ChatChunkChoice], usage: Usage | None = None) -> str:
+        return _sse(
+            ChatCompletionChunk(
+                id=self.request_id,
+                created=self.created,
+                model=self.model,
+                choices=choices,
+                usage=usage,
+            )
+        )
