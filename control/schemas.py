@@ -80,6 +80,9 @@ Seed = Annotated[
     StrictInt, Field(ge=SEED_BOUNDS[0], le=SEED_BOUNDS[1]), BeforeValidator(_json_integer)
 ]
 StopString = Annotated[StrictStr, Field(min_length=1)]
+LogprobsCount = Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS), BeforeValidator(_json_integer)]
+"""How many most likely tokens to list per token (the bound before the validator, so the JSON
+schema says ``minimum``/``maximum`` inside the nullable field)."""
 
 
 class CompletionRequest(UnsupportedFields):
@@ -116,10 +119,8 @@ class CompletionRequest(UnsupportedFields):
         description="Choices to generate; they share the prompt's KV blocks (computed once). "
         "With a seed, choice i samples with seed + i.",
     )
-    logprobs: JsonInt | None = Field(
+    logprobs: LogprobsCount | None = Field(
         None,
-        ge=0,
-        le=MAX_LOGPROBS,
         description="Log-probabilities of each token and of the N most likely ones (plus the "
         "chosen one), from the model's raw distribution (before temperature, top-k, top-p).",
     )
