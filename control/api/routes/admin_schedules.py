@@ -3,9 +3,10 @@ changes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, HTTPException, Path, Query, Response
 
 from control.api.deps import ActorDep, AdminDep, RuntimeDep, SessionDep
 from control.api.errors import validation_error
@@ -25,12 +26,12 @@ from control.store import SettingsInvalid
 NO_SCHEDULE = {404: {"model": AdminError, "description": "No such schedule."}}
 ScheduleId = Annotated[int, Path(ge=1, le=SQLITE_INTEGER_MAX)]
 
-router = APIRouter(
+admin = APIRouter(
     prefix="/admin/schedules", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS
 )
 
 
-@router.post("", response_model=ScheduleView, status_code=201, responses=BAD_BODY)
+@admin.post("", response_model=ScheduleView, status_code=201, responses=BAD_BODY)
 def create_schedule(
     body: ScheduleCreate, runtime: RuntimeDep, session: SessionDep, actor: ActorDep
 ) -> ScheduleView:
@@ -40,12 +41,12 @@ def create_schedule(
         raise validation_error(exc, "body") from None
 
 
-@router.get("", response_model=ScheduleList)
+@admin.get("", response_model=ScheduleList)
 def list_schedules(runtime: RuntimeDep, session: SessionDep) -> ScheduleList:
     return runtime.schedules.list(session)
 
 
-@router.get("/{schedule_id}", response_model=ScheduleDetail, responses=NO_SCHEDULE)
+@admin.get("/{schedule_id}", response_model=ScheduleDetail, responses=NO_SCHEDULE)
 def get_schedule(
     schedule_id: ScheduleId, runtime: RuntimeDep, session: SessionDep
 ) -> ScheduleDetail:
@@ -55,7 +56,7 @@ def get_schedule(
         raise HTTPException(404, str(exc)) from None
 
 
-@router.delete("/{schedule_id}", response_model=ScheduleView, responses=NO_SCHEDULE)
+@admin.delete("/{schedule_id}", response_model=ScheduleView, responses=NO_SCHEDULE)
 def delete_schedule(
     schedule_id: ScheduleId,
     runtime: RuntimeDep,
@@ -68,3 +69,30 @@ def delete_schedule(
         return runtime.schedules.delete(session, schedule_id, actor, reason)
     except ScheduleNotFound as exc:
         raise HTTPException(404, str(exc)) from None
+
+
+def _not_allowed(allow: str) -> Callable[[], Response]:
+    def method_not_allowed() -> Response:
+        return Response(status_code=405, headers={"Allow": allow})
+
+    return method_not_allowed
+
+
+# Each method of a path is a route of its own: a method none has would get the first one's
+# 405, naming only its method. These routes answer it for the path, before auth, as routing
+# would (as for /admin/policy).
+router = APIRouter()
+router.include_router(admin)
+OTHER_METHODS = ["PUT", "PATCH", "OPTIONS", "HEAD", "TRACE"]
+router.add_api_route(
+    "/admin/schedules",
+    _not_allowed("GET, POST"),
+    methods=[*OTHER_METHODS, "DELETE"],
+    include_in_schema=False,
+)
+router.add_api_route(
+    "/admin/schedules/{schedule_id}",
+    _not_allowed("GET, DELETE"),
+    methods=[*OTHER_METHODS, "POST"],
+    include_in_schema=False,
+)
