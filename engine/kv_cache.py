@@ -415,13 +415,15 @@ class BlockManager:
         table = self._tables[seq_id]
         size = self.block_size
         fill = self._fill
-        first, last = start // size, (end - 1) // size
-        stored = fill[table[first]] - start % size
-        if stored > 0:
+        stored = fill[table[start // size]] - start % size
+        if stored > 0:  # rare: only a fork's recompute
             start += min(stored, end - start)
-        for j in range(first, last):
+            if start == end:
+                return
+        last = (end - 1) // size
+        for j in range(start // size, last):
             fill[table[j]] = size
-        fill[table[last]] = max(fill[table[last]], end - last * size)
+        fill[table[last]] = end - last * size
         self._live_tokens += end - start
 
     def _restore(self, seq_id: str, before: _Before, swaps: list[tuple[int, int, int]]) -> None:

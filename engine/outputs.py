@@ -173,11 +173,10 @@ class RequestOutput(Snapshot):
         out.request_id = seq.request_id
         out.index = seq.index
         out.siblings_running = siblings_running
-        logprobs = seq.logprobs
-        if logprobs is None:
-            out.logprobs = out.new_logprobs = None
-        else:
-            out.new_logprobs = logprobs[len(logprobs) - len(new_token_ids) :]
+        logprobs = seq.logprobs  # ``out.logprobs`` is Lazy: never assigned here (a slow path)
+        out.new_logprobs = (
+            None if logprobs is None else logprobs[len(logprobs) - len(new_token_ids) :]
+        )
         out.prompt_token_ids = seq.prompt_token_ids
         out.new_token_ids = new_token_ids
         out.finish_reason = seq.finish_reason
@@ -213,6 +212,10 @@ Lazy.install(RequestOutput, "text", _text)
 Lazy.install(
     RequestOutput,
     "logprobs",
-    lambda o: o._seq.logprobs[: o._counts[0] - len(o.prompt_token_ids)],
+    lambda o: (
+        None
+        if o._seq.logprobs is None
+        else o._seq.logprobs[: o._counts[0] - len(o.prompt_token_ids)]
+    ),
 )
 Lazy.install(RequestOutput, "metrics", lambda o: RequestMetrics._of(o._seq, *o._counts[2:]))
