@@ -13,19 +13,23 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
+    StrictInt,
     StrictStr,
     WithJsonSchema,
     field_validator,
 )
 
-from control.openai_fields import JsonInt, UnsupportedFields
-from control.schemas import CompletionRequest, Usage, _valid_unicode
+from control.openai_fields import UnsupportedFields, _json_integer
+from control.schemas import CompletionRequest, LogprobsCount, Usage, _valid_unicode
 from engine.errors import RequestRejected
-from engine.sampling_params import MAX_LOGPROBS
 
+OutputLimit = Annotated[StrictInt, Field(ge=1), BeforeValidator(_json_integer)]
+"""A token count >= 1 (the bound before the validator, so the JSON schema says ``minimum``
+inside the nullable field)."""
 ROLES = ("system", "user", "assistant")
 """The roles a message may have (tool calls are not supported, so no ``tool``)."""
 
@@ -105,11 +109,11 @@ class ChatCompletionRequest(UnsupportedFields):
 
     model: _shared("model")  # type: ignore[valid-type]
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: JsonInt | None = Field(
-        None, ge=1, description="Prompt tokens + this must fit max_model_len."
+    max_completion_tokens: OutputLimit | None = Field(
+        None, description="Prompt tokens + this must fit max_model_len."
     )
-    max_tokens: JsonInt | None = Field(
-        None, ge=1, description="The older name of max_completion_tokens (which wins)."
+    max_tokens: OutputLimit | None = Field(
+        None, description="The older name of max_completion_tokens (which wins)."
     )
     temperature: _shared("temperature")  # type: ignore[valid-type]
     top_p: _shared("top_p")  # type: ignore[valid-type]
@@ -125,11 +129,8 @@ class ChatCompletionRequest(UnsupportedFields):
         description="Log-probabilities of each output token, from the model's raw "
         "distribution (before temperature, top-k, top-p).",
     )
-    top_logprobs: JsonInt | None = Field(
-        None,
-        ge=0,
-        le=MAX_LOGPROBS,
-        description="With logprobs: the N most likely tokens at each position.",
+    top_logprobs: LogprobsCount | None = Field(
+        None, description="With logprobs: the N most likely tokens at each position."
     )
     add_generation_prompt: StrictBool = Field(
         True, description="Extension: end the prompt with the template's assistant header."

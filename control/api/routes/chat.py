@@ -126,25 +126,22 @@ def _prompt_token_ids(
     model_dir = Path(engine.config.model)
     try:
         template = load_chat_template(model_dir)
-        if template is None:
-            raise ApiError(
-                400,
-                f"this model has no chat_template (none in {model_dir.name}'s "
-                "tokenizer_config.json, chat_template.jinja or chat_template.json): "
-                "use /v1/completions",
-                param="messages",
-                code="chat_template_missing",
-                reason="invalid",
-            )
-        text = template.render(conversation, add_generation_prompt)
-    except ChatTemplateError as exc:
+    except ChatTemplateError as exc:  # the checkpoint's template does not compile
+        raise _template_error(f"this model's chat_template cannot be used: {exc}") from exc
+    if template is None:
         raise ApiError(
             400,
-            f"the chat_template refused the messages: {exc}",
+            f"this model has no chat_template (none in {model_dir.name}'s "
+            "tokenizer_config.json, chat_template.jinja or chat_template.json): "
+            "use /v1/completions",
             param="messages",
-            code="chat_template_error",
+            code="chat_template_missing",
             reason="invalid",
-        ) from exc
+        )
+    try:
+        text = template.render(conversation, add_generation_prompt)
+    except ChatTemplateError as exc:
+        raise _template_error(f"the chat_template refused the messages: {exc}") from exc
     if engine.tokenizer is None:
         raise RequestRejected("this model has no tokenizer: chat needs one", "messages")
     try:
@@ -152,6 +149,10 @@ def _prompt_token_ids(
     except RequestRejected as exc:
         raise RequestRejected(f"the rendered messages: {exc}", "messages") from exc
     return engine.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
+
+
+def _template_error(message: str) -> ApiError:
+    return ApiError(400, message, param="messages", code="chat_template_error", reason="invalid")
 
 
 def sampling_params(body: ChatCompletionRequest, room: int) -> SamplingParams:
