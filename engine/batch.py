@@ -105,11 +105,13 @@ class StepResult:
     order, and the rows that failed (``seq_id -> error message``; their token is
     ``FAILED_TOKEN``). A failed row ends only its own request; the others are committed.
     ``logprobs``, aligned with ``token_ids``, is None unless some row asked for them (then
-    None for the rows that did not)."""
+    None for the rows that did not). ``prompt_logprobs``: for the sequences that ask, the
+    prompt logprobs this step computed, ``seq_id -> (index of the first, entries)``."""
 
     token_ids: list[int]
     failed: dict[str, str] = field(default_factory=dict)
     logprobs: list[TokenLogprob | None] | None = None
+    prompt_logprobs: dict[str, tuple[int, list[TokenLogprob]]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

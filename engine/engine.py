@@ -30,7 +30,7 @@ from engine.errors import QueueFull, RequestRejected
 from engine.families import Family, child_seed
 from engine.kv_cache import BlockManager, StepChanges
 from engine.kv_stats import KVIntegrity, KVStats, ReclaimResult
-from engine.outputs import RequestMetrics, RequestOutput
+from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from engine.runner import Runner
 from engine.sampling_params import SamplingParams
 from engine.sequence import NO_BLOCKS, Sequence
@@ -265,6 +265,8 @@ class LLMEngine:
         """Turn the step's tokens into outputs; a row in ``result.failed`` ends only its own
         request, a requeued one's token is dropped (it is computed again)."""
         now = self.clock()
+        if result.prompt_logprobs:
+            self._record_prompt_logprobs(result.prompt_logprobs, requeued | result.failed.keys())
         sampled = iter(result.token_ids)
         logprobs = iter(result.logprobs) if result.logprobs is not None else None
         outputs: list[RequestOutput] = []
@@ -315,6 +317,19 @@ class LLMEngine:
             if family is not None and family.live == 0:
                 del families[seq.request_id]
         return outputs
+
+    def _record_prompt_logprobs(
+        self, computed: dict[str, tuple[int, list[TokenLogprob]]], undone: set[str]
+    ) -> None:
+        """Append what the step computed of each asking sequence's prompt logprobs (a chunk
+        computed again, after a preemption, adds nothing)."""
+        for seq_id, (start, entries) in computed.items():
+            seq = self._sequences.get(seq_id)
+            if seq_id in undone or seq is None or seq.prompt_logprobs is None:
+                continue
+            known = seq.prompt_logprobs
+            if start <= len(known) < start + len(entries):
+                known.extend(entries[len(known) - start :])
 
     def _left_family(self, seq: Sequence) -> int:
         """``seq`` ended (error or abort): how many of its request's sequences still run

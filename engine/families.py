@@ -79,6 +79,7 @@ class Family:
             child.num_computed_tokens = len(prompt) - 1  # recomputed: samples its own token
             child.num_cached_tokens = parent.num_cached_tokens
             child.first_scheduled_time = parent.first_scheduled_time
+            child.prompt_logprobs = parent.prompt_logprobs  # complete: the prompt is computed
             sequences[seq_id] = child
             children.append(child)
         self.seqs.extend(children)

@@ -149,6 +149,9 @@ class RequestOutput(Snapshot):
     """One per output token when ``SamplingParams.logprobs`` is set (copied on first read)."""
     new_logprobs: list[TokenLogprob] | None = None
     """Those of ``new_token_ids``."""
+    prompt_logprobs: list[TokenLogprob] | None = None
+    """When ``SamplingParams.prompt_logprobs`` is set: entry ``i`` is prompt token ``i + 1``'s
+    (the first has none). Complete from the first output token on (copied on first read)."""
 
     @property
     def finished(self) -> bool:
@@ -217,5 +220,10 @@ Lazy.install(
         if o._seq.logprobs is None
         else o._seq.logprobs[: o._counts[0] - len(o.prompt_token_ids)]
     ),
+)
+Lazy.install(
+    RequestOutput,
+    "prompt_logprobs",
+    lambda o: None if o._seq.prompt_logprobs is None else list(o._seq.prompt_logprobs),
 )
 Lazy.install(RequestOutput, "metrics", lambda o: RequestMetrics._of(o._seq, *o._counts[2:]))

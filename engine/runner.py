@@ -10,13 +10,15 @@ request; an exception from ``execute`` (a failing forward) fails the whole step.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import NamedTuple, Protocol
 
 import torch
 
 from engine.batch import ScheduledBatch, ScheduledSeq, StepResult
 from engine.model.llama import LlamaForCausalLM
-from engine.sampler import Sampler
+from engine.outputs import TokenLogprob
+from engine.sampler import Sampler, token_logprobs
 from engine.sequence import Sequence
 from kernels.attention import (
     AttentionBackend,
@@ -33,6 +35,13 @@ class Runner(Protocol):
     def execute(self, batch: ScheduledBatch) -> StepResult: ...
 
 
+PromptRow = tuple[int, Sequence, int]
+"""``(row, sequence, position)``: a computed row whose logits give a prompt token's logprob
+(``SamplingParams.prompt_logprobs``): that of the token after ``position``."""
+PROMPT_LOGPROB_ROWS = 256
+"""Prompt rows turned into logits at once (a long prompt's vocabulary-wide logits are big)."""
+
+
 class DecodePart(NamedTuple):
     """The step's decode rows (one token each, pad rows included), shortest context first."""
 
@@ -44,6 +53,7 @@ class DecodePart(NamedTuple):
     block_tables: list[list[int]]
     sample_rows: dict[int, int]
     """``id(entry)`` -> its row among the decode rows, for the entries that sample."""
+    prompt_rows: list[PromptRow]
 
 
 class PrefillPart(NamedTuple):
@@ -57,6 +67,7 @@ class PrefillPart(NamedTuple):
     block_tables: list[list[int]]
     sample_rows: dict[int, int]
     """``id(entry)`` -> the row of its last real token among the prefill rows."""
+    prompt_rows: list[PromptRow]
 
 
 class StepInputs(NamedTuple):
@@ -66,6 +77,7 @@ class StepInputs(NamedTuple):
     sample_rows: list[int]
     """Rows of the packed batch to sample from, in batch order (``sample_seqs``)."""
     sample_seqs: list[Sequence]
+    prompt_rows: list[PromptRow]
 
 
 class ModelRunner:
@@ -100,10 +112,30 @@ class ModelRunner:
             rows = torch.tensor(step.sample_rows, device=self.device)
             logits = self.model.compute_logits(hidden.index_select(0, rows))
             result = self.sampler(logits, step.sample_seqs)
-        elif self.device.type == "cuda":
+        if step.prompt_rows:
+            result = replace(
+                result, prompt_logprobs=self._prompt_logprobs(hidden, step.prompt_rows)
+            )
+        elif not step.sample_rows and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.last_forward_s = time.perf_counter() - started
         return result
+
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, rows: list[PromptRow]
+    ) -> dict[str, tuple[int, list[TokenLogprob]]]:
+        """Each asking sequence's prompt logprobs computed in this step, in position order."""
+        out: dict[str, tuple[int, list[TokenLogprob]]] = {}
+        for at in range(0, len(rows), PROMPT_LOGPROB_ROWS):
+            part = rows[at : at + PROMPT_LOGPROB_ROWS]
+            index = torch.tensor([row for row, _, _ in part], device=self.device)
+            logits = self.model.compute_logits(hidden.index_select(0, index))
+            next_ids = [seq.token_ids[position + 1] for _, seq, position in part]
+            widths = [seq.params.prompt_logprobs or 0 for _, seq, _ in part]
+            entries = token_logprobs(logits, next_ids, widths)
+            for (_, seq, position), entry in zip(part, entries, strict=True):
+                out.setdefault(seq.seq_id, (position, []))[1].append(entry)
+        return out
 
     def _prepare(self, batch: ScheduledBatch) -> StepInputs:
         decode = self._prepare_decode([e for e in batch.entries if e.query_len == 1])
@@ -124,6 +156,7 @@ class ModelRunner:
         )
         offset = len(decode.token_ids)
         rows = decode.sample_rows | {k: offset + r for k, r in prefill.sample_rows.items()}
+        prompt_rows = decode.prompt_rows + [(offset + r, s, p) for r, s, p in prefill.prompt_rows]
         sampled = [e for e in batch.entries if e.sample]
         dev = self.device
         return StepInputs(
@@ -132,12 +165,13 @@ class ModelRunner:
             meta,
             [rows[id(e)] for e in sampled],
             [e.seq for e in sampled],
+            prompt_rows,
         )
 
     def _prepare_decode(self, entries: list[ScheduledSeq]) -> DecodePart:
         """One token per row; a pad row recomputes its last token and stores nothing."""
         size = self.block_size
-        part = DecodePart([], [], [], [], [], [], {})
+        part = DecodePart([], [], [], [], [], [], {}, [])
         for entry in sorted(entries, key=lambda e: e.seq.num_computed_tokens):
             seq = entry.seq
             if entry.kind == "pad":
@@ -146,6 +180,8 @@ class ModelRunner:
             else:
                 p = seq.num_computed_tokens
                 slot, seq_len = seq.block_table[p // size] * size + p % size, p + 1
+                if seq.prompt_logprobs is not None and seq.wants_prompt_logprob(p):
+                    part.prompt_rows.append((len(part.token_ids), seq, p))
             if entry.sample:
                 part.sample_rows[id(entry)] = len(part.token_ids)
             part.token_ids.append(seq.token_ids[p])
@@ -159,13 +195,20 @@ class ModelRunner:
     def _prepare_prefill(self, entries: list[ScheduledSeq]) -> PrefillPart:
         """Each chunk's real tokens, then its padding (stored in the row's reserved slots)."""
         size = self.block_size
-        part = PrefillPart([], [], [], [], [0], [], {})
+        part = PrefillPart([], [], [], [], [0], [], {}, [])
         for entry in entries:
             seq = entry.seq
             start, real = seq.num_computed_tokens, entry.num_new_tokens
             seq_len = start + real + entry.num_pad_tokens
             if entry.sample:
                 part.sample_rows[id(entry)] = len(part.token_ids) + real - 1
+            if seq.prompt_logprobs is not None:
+                base = len(part.token_ids) - start
+                part.prompt_rows.extend(
+                    (base + p, seq, p)
+                    for p in range(start, start + real)
+                    if seq.wants_prompt_logprob(p)
+                )
             part.token_ids.extend(seq.token_ids[start : start + real])
             part.token_ids.extend([self.pad_token_id] * entry.num_pad_tokens)
             part.positions.extend(range(start, seq_len))

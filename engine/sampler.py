@@ -69,23 +69,14 @@ class Sampler:
     def logprobs(
         logits: torch.Tensor, rows: list[int], tokens: list[int], seqs: list[Sequence]
     ) -> list[TokenLogprob | None]:
-        """The chosen tokens' log-probabilities and each row's top-N, for ``rows`` (one
-        log-softmax and one top-k over all of them); None for the other rows."""
+        """The chosen tokens' log-probabilities and each row's top-N, for ``rows``; None for
+        the other rows."""
         index = torch.tensor(rows, device=logits.device)
-        logprobs = torch.log_softmax(logits.index_select(0, index), dim=-1)
-        chosen_ids = torch.tensor([tokens[r] for r in rows], device=logits.device)
-        chosen = logprobs.gather(1, chosen_ids[:, None])[:, 0].tolist()
         widths = [seqs[r].params.logprobs or 0 for r in rows]
-        top_values: list[list[float]] = [[] for _ in rows]
-        top_ids: list[list[int]] = [[] for _ in rows]
-        if max(widths) > 0:
-            top = torch.topk(logprobs, max(widths), dim=-1)
-            top_values, top_ids = top.values.tolist(), top.indices.tolist()
+        entries = token_logprobs(logits.index_select(0, index), [tokens[r] for r in rows], widths)
         out: list[TokenLogprob | None] = [None] * len(seqs)
-        for i, row in enumerate(rows):
-            width = widths[i]
-            pairs = tuple(zip(top_ids[i][:width], top_values[i][:width], strict=True))
-            out[row] = TokenLogprob(tokens[row], chosen[i], pairs)
+        for row, entry in zip(rows, entries, strict=True):
+            out[row] = entry
         return out
 
     def sample_row(self, logits: torch.Tensor, seq: Sequence) -> int:
@@ -105,3 +96,25 @@ class Sampler:
             probs = torch.zeros_like(sorted_probs).scatter_(-1, order, sorted_probs)
         generator = seq.generator or self.generator
         return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def token_logprobs(
+    logits: torch.Tensor, token_ids: list[int], widths: list[int]
+) -> list[TokenLogprob]:
+    """Row ``i`` of ``logits``: ``token_ids[i]``'s log-probability and the ``widths[i]`` most
+    likely tokens', under the raw distribution (one log-softmax and one top-k for all rows)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    ids = torch.tensor(token_ids, device=logits.device)
+    chosen = logprobs.gather(1, ids[:, None])[:, 0].tolist()
+    width = max(widths, default=0)
+    top_values: list[list[float]] = [[] for _ in token_ids]
+    top_ids: list[list[int]] = [[] for _ in token_ids]
+    if width > 0:
+        top = torch.topk(logprobs, width, dim=-1)
+        top_values, top_ids = top.values.tolist(), top.indices.tolist()
+    return [
+        TokenLogprob(
+            token_id, chosen[i], tuple(zip(top_ids[i][:w], top_values[i][:w], strict=True))
+        )
+        for i, (token_id, w) in enumerate(zip(token_ids, widths, strict=True))
+    ]

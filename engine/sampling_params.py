@@ -26,7 +26,9 @@ class SamplingParams:
     sequence ``i`` samples with its own generator seeded ``seed + i`` when ``seed`` is set.
     ``logprobs=N`` gives every output token its log-probability and the ``N`` most likely
     tokens' (0: the chosen token's only), of the model's raw distribution (a log-softmax of the
-    logits before temperature, top-k and top-p); None computes nothing."""
+    logits before temperature, top-k and top-p); None computes nothing. ``prompt_logprobs=N``
+    does the same for the prompt's tokens from the second on (the request then takes no prefix
+    cache hits: only positions the engine computes have logits)."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -38,6 +40,7 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -59,6 +62,10 @@ class SamplingParams:
             raise ValueError(f"n must be in [1, {MAX_N}], got {self.n}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise ValueError(
+                f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}"
+            )
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
 

@@ -59,6 +59,9 @@ class Sequence:
     request_id: str = ""
     logprobs: list[TokenLogprob] | None = None
     """One per output token when the request asks for them (``SamplingParams.logprobs``)."""
+    prompt_logprobs: list[TokenLogprob] | None = None
+    """Entry ``i`` is prompt token ``i + 1``'s (``SamplingParams.prompt_logprobs``), filled as
+    the prompt's chunks are computed; complete once the first output token is sampled."""
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -66,6 +69,14 @@ class Sequence:
             self.request_id = self.seq_id
         if self.params.logprobs is not None:
             self.logprobs = []
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = []
+
+    def wants_prompt_logprob(self, position: int) -> bool:
+        """Whether the logits computed at ``position`` give a prompt token's logprob that
+        is still missing (the next token is in the prompt and not recorded yet)."""
+        known = self.prompt_logprobs
+        return known is not None and len(known) <= position < len(self.prompt_token_ids) - 1
 
     @property
     def num_tokens(self) -> int:

@@ -273,6 +273,13 @@ class SchedulingPolicy(ABC):
         first = set(overdue)
         return overdue + [s for s in waiting if s not in first]
 
+    def _prefix_hits(self, seq: Sequence) -> list[int]:
+        """Cached blocks holding ``seq``'s leading tokens; none for a request that asks for
+        its prompt's logprobs (they exist only for positions a step computes)."""
+        if seq.params.prompt_logprobs is not None:
+            return []
+        return self.blocks.match_prefix(seq.token_ids)
+
     def _admit(self, seq: Sequence, hold_tokens: int, hits: list[int]) -> None:
         """Give a waiting sequence its blocks (prefix hits first) and mark it running."""
         cached = self.changes.allocate(seq.seq_id, seq.token_ids, hold_tokens, hits)

@@ -107,7 +107,7 @@ class ContinuousPolicy(SchedulingPolicy):
         """Admit a waiting sequence with its first chunk; None when it does not fit now."""
         if budget <= 0 or len(self.running) >= self.max_num_seqs:
             return None
-        hits = self.blocks.match_prefix(seq.token_ids)
+        hits = self._prefix_hits(seq)
         cached = len(hits) * self.blocks.block_size
         remaining = seq.num_tokens - cached
         num_new = min(remaining, budget)

@@ -213,7 +213,7 @@ class PaddedGroupPolicy(SchedulingPolicy):
         padded_len = max(s.num_tokens for s in rows)
         taken: list[Sequence] = []
         for seq in rows:
-            hits = self.blocks.match_prefix(seq.token_ids)
+            hits = self._prefix_hits(seq)
             remaining = seq.params.max_tokens - seq.num_output_tokens
             hold = min(padded_len + remaining, self.limits.max_model_len)
             fallbacks = [hold] if taken else [hold, padded_len, seq.num_tokens]

@@ -144,6 +144,31 @@ def test_streamed_logprobs_add_up_to_the_final_ones(llm: LLM) -> None:
     assert all(len(o.new_logprobs or []) == len(o.new_token_ids) for o in outputs)
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_prompt_logprobs_equal_transformers_log_softmax(
+    tiny_model_dir: Path, reference: HFReference, policy: str
+) -> None:
+    """Every prompt token from the second on, computed in 32-token chunks (chunked prefill,
+    or the padded groups' sub-batches), with the prompt's blocks already in the prefix cache
+    (a request asking for prompt logprobs takes no hits: it computes every position)."""
+    llm = LLM(
+        tiny_model_dir, num_kv_blocks=128, num_threads=1, policy=policy, max_num_batched_tokens=32
+    )
+    prompt = PROMPTS[0] + list(range(300, 370))
+    llm.generate([prompt], SamplingParams(max_tokens=1))  # publishes the prompt's blocks
+    params = SamplingParams(max_tokens=3, temperature=0.0, prompt_logprobs=4, n=2)
+    outputs = run(llm.engine, prompt, params)
+    final = outputs[-1]
+    assert final.metrics.num_cached_tokens == 0
+    entries = final.prompt_logprobs or []
+    assert [e.token_id for e in entries] == prompt[1:]
+    with torch.no_grad():
+        logits = reference.model(torch.tensor([prompt])).logits[0].float()
+    assert_matches(entries, torch.log_softmax(logits[:-1], dim=-1), 4)
+    assert all(o.prompt_logprobs == entries for o in outputs if o.finished)  # both choices
+    assert final.logprobs is None  # output logprobs were not asked for
+
+
 def test_no_logprobs_unless_asked(llm: LLM) -> None:
     final = run(llm.engine, PROMPTS[0], SamplingParams(max_tokens=3, temperature=0.0))[-1]
     assert final.logprobs is None and final.new_logprobs is None
@@ -160,6 +185,8 @@ def test_no_logprobs_unless_asked(llm: LLM) -> None:
 
 
 def test_logprobs_bounds() -> None:
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        SamplingParams(prompt_logprobs=21)
     with pytest.raises(ValueError, match="logprobs"):
         SamplingParams(logprobs=21)
     with pytest.raises(ValueError, match="logprobs"):
