@@ -51,8 +51,6 @@ EXCLUDED_REGEX = "|".join(f"(?:{pattern})" for pattern in EXCLUDED_PATHS)
 DOCUMENTED_REFUSALS = {
     "context_length_exceeded": "prompt tokens + max_tokens beyond max_model_len or the KV pool: "
     "it depends on the tokenized prompt (OpenAI's code for it)",
-    "unsupported_combination": "echo with logprobs on /v1/completions (the prompt's own "
-    "logprobs are not computed): a rule across two fields the schema does not state",
     "schedule_window": "POST /admin/schedules: a 422 naming only cron, cron_seconds, timezone "
     "or until, as value errors: the schema says they are strings; a crontab field's validity "
     "(ordered ranges, per-field bounds, names) is APScheduler's, a zone's is the server's "

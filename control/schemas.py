@@ -125,7 +125,9 @@ class CompletionRequest(UnsupportedFields):
         "chosen one), from the model's raw distribution (before temperature, top-k, top-p).",
     )
     echo: StrictBool = Field(
-        False, description="Prepend the prompt to each choice's text (not with logprobs)."
+        False,
+        description="Prepend the prompt to each choice's text (with logprobs: and its tokens' "
+        "logprobs, the first token's null).",
     )
     suffix: StrictStr | None = Field(
         None,

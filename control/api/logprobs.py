@@ -51,11 +51,22 @@ class TokenTexts:
 
 
 def completion_logprobs(
-    entries: Iterable[TokenLogprob], texts: TokenTexts, offset: int = 0
+    entries: Iterable[TokenLogprob],
+    texts: TokenTexts,
+    offset: int = 0,
+    first_token: int | None = None,
 ) -> tuple[CompletionLogprobs, int]:
     """The ``logprobs`` of a completion choice (or of one streamed chunk of it) and the text
-    offset after its last token (where the next chunk's start)."""
+    offset after its last token (where the next chunk's start). ``first_token``: an echoed
+    prompt's first token, listed first with no logprob (nothing predicts it)."""
     out = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
+    if first_token is not None:
+        text = texts(first_token)
+        out.tokens.append(text)
+        out.token_logprobs.append(None)
+        out.top_logprobs.append(None)
+        out.text_offset.append(offset)
+        offset += len(text)
     for entry in entries:
         text = texts(entry.token_id)
         out.tokens.append(text)

@@ -1,6 +1,6 @@
 """The OpenAI fields operators rely on, against a real server (issue 15): ``n``, ``logprobs``,
-``echo``, ``user``, the fields refused unless at their default, ``/v1/models`` as vLLM gives
-it, and the official ``openai`` client on all of them."""
+``echo`` (with logprobs: the prompt's too), ``user``, the fields refused unless at their
+default, ``/v1/models`` as vLLM gives it, and the official ``openai`` client on all of them."""
 
 from __future__ import annotations
 
@@ -125,13 +125,30 @@ def test_echo(client: httpx.Client, offline: RequestOutput) -> None:
     assert echoed.endswith(offline.text) and len(echoed) > len(offline.text)
 
 
-@pytest.mark.parametrize("streamed", [False, True])
-def test_echo_with_logprobs_is_refused_naming_echo(client: httpx.Client, streamed: bool) -> None:
-    response = client.post("/v1/completions", json=body(echo=True, logprobs=1, stream=streamed))
-    assert response.status_code == 400
-    error = response.json()["error"]
-    assert (error["param"], error["code"]) == ("echo", "unsupported_combination")
-    assert "logprobs" in error["message"]
+def test_echo_with_logprobs_lists_the_prompt_tokens_first(
+    client: httpx.Client, tiny_model_dir: Path
+) -> None:
+    llm = LLM(tiny_model_dir, num_kv_blocks=64, num_threads=1)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=2, prompt_logprobs=2)
+    offline = llm.generate([PROMPT], params)[0]
+    choice = post(client, echo=True, logprobs=2)["choices"][0]
+    assert choice["text"] == PROMPT + offline.text
+    logprobs = choice["logprobs"]
+    num_prompt = len(offline.prompt_token_ids)
+    assert len(logprobs["tokens"]) == num_prompt + len(offline.token_ids)
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    expected = [e.logprob for e in (offline.prompt_logprobs or []) + (offline.logprobs or [])]
+    assert logprobs["token_logprobs"][1:] == pytest.approx(expected, abs=1e-4)
+    assert all(len(top) in (2, 3) for top in logprobs["top_logprobs"][1:])
+    events = stream(client, echo=True, logprobs=2, n=2)
+    for index in (0, 1):
+        chunks = [c for e in events[:-1] for c in e["choices"] if c["index"] == index]
+        assert chunks[0]["text"].startswith(PROMPT)
+        assert chunks[0]["logprobs"]["token_logprobs"][0] is None
+        merged = [v for c in chunks for v in c["logprobs"]["token_logprobs"]]
+        assert merged[1:] == pytest.approx(logprobs["token_logprobs"][1:], abs=1e-4)
+        offsets = [v for c in chunks for v in c["logprobs"]["text_offset"]]
+        assert offsets == logprobs["text_offset"]
 
 
 REFUSED = [

@@ -3,7 +3,8 @@
 ``n`` choices are one engine request of ``n`` sequences (the prompt computed once, then
 forked); their outputs interleave on one stream, each chunk naming its choice's ``index``.
 ``logprobs`` are rendered by control/api/logprobs.py; ``echo`` prepends the prompt's text
-(the first chunk of each choice carries it when streaming).
+(the first chunk of each choice carries it when streaming) and, with ``logprobs``, its tokens'
+logprobs (``SamplingParams.prompt_logprobs``; the first token has none).
 """
 
 from __future__ import annotations
@@ -75,15 +76,6 @@ async def create_completion(
             code="model_not_found",
             reason="unknown_model",
         )
-    if body.echo and body.logprobs is not None:
-        raise ApiError(
-            400,
-            "echo with logprobs is not supported: the prompt's own log-probabilities are not "
-            "computed (echo alone, or logprobs alone, is)",
-            param="echo",
-            code="unsupported_combination",
-            reason="invalid",
-        )
     settings = ctx.settings
     check_stop_list(list(body.stop or []), settings.max_stop_strings, settings.max_stop_length)
     engine = runtime.llm_engine
@@ -91,7 +83,7 @@ async def create_completion(
     request_id = f"cmpl-{uuid.uuid4().hex}"
     stream = runtime.engine.add_request(token_ids, sampling_params(body), request_id)
     created = int(time.time())
-    render = Render(body, engine.tokenizer)
+    render = Render(body, engine.tokenizer, token_ids)
     if not body.stream:
         try:
             finals = await _unless_gone(_finals(stream), request)
@@ -153,6 +145,7 @@ def sampling_params(body: CompletionRequest) -> SamplingParams:
         ignore_eos=body.ignore_eos,
         n=body.n,
         logprobs=body.logprobs,
+        prompt_logprobs=body.logprobs if body.echo else None,
     )
 
 
@@ -160,8 +153,12 @@ class Render:
     """Choices of one request: the echoed prompt and the logprobs, whole or chunk by chunk
     (per choice, the tokens since its last chunk and where their text starts)."""
 
-    def __init__(self, body: CompletionRequest, tokenizer: Tokenizer | None) -> None:
+    def __init__(
+        self, body: CompletionRequest, tokenizer: Tokenizer | None, prompt_ids: list[int]
+    ) -> None:
         self.want_logprobs = body.logprobs is not None
+        self.echo_logprobs = body.echo and self.want_logprobs
+        self.first_token = prompt_ids[0]
         self.texts = TokenTexts(tokenizer)
         self.echo = ""
         if body.echo:
@@ -176,7 +173,10 @@ class Render:
 
     def final(self, output: RequestOutput) -> CompletionChoice:
         logprobs = None
-        if self.want_logprobs:
+        if self.echo_logprobs:
+            entries = (output.prompt_logprobs or []) + (output.logprobs or [])
+            logprobs, _ = completion_logprobs(entries, self.texts, 0, self.first_token)
+        elif self.want_logprobs:
             logprobs, _ = completion_logprobs(output.logprobs or [], self.texts)
         return _choice(output, self.echo + output.text, logprobs)
 
@@ -188,14 +188,17 @@ class Render:
             pending.extend(output.new_logprobs or [])
         if not (output.text_delta or output.finished):
             return None
-        text = output.text_delta
+        text, first = output.text_delta, None
         if index not in self._started:
             self._started.add(index)
             text = self.echo + text
+            if self.echo_logprobs:
+                pending[:0] = output.prompt_logprobs or []
+                first = self.first_token
         logprobs = None
         if self.want_logprobs:
             logprobs, self._offset[index] = completion_logprobs(
-                pending, self.texts, self._offset.get(index, 0)
+                pending, self.texts, self._offset.get(index, 0), first
             )
             pending.clear()
         return _choice(output, text, logprobs)
