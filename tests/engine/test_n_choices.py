@@ -8,10 +8,14 @@ and choice i draws as a solo request seeded ``seed + i`` would; the prompt's blo
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 import pytest
 
+from engine.async_engine import AsyncEngine, RequestFailed
+from engine.batch import StepResult
 from engine.engine import LLMEngine
 from engine.llm import LLM
 from engine.outputs import RequestOutput
@@ -163,3 +167,40 @@ def test_n_bounds() -> None:
         SamplingParams(n=0)
     with pytest.raises(ValueError, match="n must be"):
         SamplingParams(n=17)
+
+
+def test_a_failed_choice_ends_the_stream_and_frees_the_others(tiny_model_dir: Path) -> None:
+    """One choice's sampling row fails: its stream gets the error at once and the request's
+    other choices are aborted (nobody reads them any more)."""
+    llm = make_llm(tiny_model_dir)
+    runner = llm.engine.runner
+    sampler = runner.sampler
+
+    def fail_choice_one(logits, seqs):
+        result = sampler(logits, seqs)
+        failed = {s.seq_id: "injected" for s in seqs if s.seq_id.endswith("#1")}
+        return StepResult(result.token_ids, {**result.failed, **failed}, result.logprobs)
+
+    runner.sampler = fail_choice_one
+    async_engine = AsyncEngine(llm.engine)
+    async_engine.start()
+
+    async def consume() -> list[RequestOutput]:
+        params = SamplingParams(max_tokens=200, temperature=0.0, n=3, ignore_eos=True)
+        stream = async_engine.add_request(PROMPT, params)
+        seen: list[RequestOutput] = []
+        with pytest.raises(RequestFailed, match="injected"):
+            async for output in stream:
+                seen.append(output)
+        return seen
+
+    try:
+        seen = asyncio.run(consume())
+        assert {o.index for o in seen} <= {0, 2} and seen  # choice 1 failed at its first row
+        deadline = time.monotonic() + 20
+        while llm.engine.has_unfinished_requests() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not llm.engine.has_unfinished_requests()
+        assert llm.engine.kv_stats().used == 0
+    finally:
+        async_engine.shutdown()
