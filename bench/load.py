@@ -199,7 +199,7 @@ class LoadGenerator:
                     if "error" in event:
                         self._fail(json.dumps(event)[:200])
                         return
-                    if any(choice.get("text") for choice in event.get("choices", [])):
+                    if event.get("choices"):  # one chunk a token (the usage chunk has none)
                         now = time.perf_counter()
                         if metrics.first_token_time is None:
                             metrics.first_token_time = now

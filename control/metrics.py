@@ -62,6 +62,11 @@ class EngineCollector(Collector):
         yield _gauge(
             "servedeck_requests_waiting", "Requests waiting.", scheduler and scheduler.waiting
         )
+        yield _gauge(
+            "servedeck_requests_waiting_max",
+            "Waiting requests before new ones get 429 (max_waiting).",
+            snap and snap.queue.max_waiting,
+        )
         blocks = GaugeMetricFamily("servedeck_kv_blocks", "KV blocks by state.", labels=["state"])
         by_state = {"free": kv.free, "used": kv.used, "cached": kv.cached} if kv else {}
         for state in KV_STATES:

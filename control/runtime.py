@@ -22,6 +22,7 @@ from sqlmodel import Session
 
 from control.arrivals import ArrivalLog
 from control.core.config import Settings
+from control.demo_load import DemoLoad
 from control.guardrail.service import JOB_ID as GUARDRAIL_JOB_ID
 from control.guardrail.service import TICK_S as GUARDRAIL_TICK_S
 from control.guardrail.service import Guardrail
@@ -163,6 +164,8 @@ class AppContext:
     load_error: str | None = None
     draining: threading.Event = field(default_factory=threading.Event)
     """Set on SIGTERM: /ready is 503 and new requests are refused while in-flight ones end."""
+    demo_load: DemoLoad | None = None
+    """The load the server sends itself with ``--demo-load`` (started once the model loaded)."""
 
     def load(self) -> None:
         """Load the model and start everything that needs it (runs on a loader thread)."""
@@ -171,6 +174,12 @@ class AppContext:
         except Exception as exc:
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.exception("could not start the engine")
+            return
+        if (rate := self.settings.demo_load) is not None:
+            key = self.settings.api_key
+            api_key = key.get_secret_value() if key is not None else None
+            self.demo_load = DemoLoad(self.settings.local_url(), api_key, rate).start()
+            log.info("sending a demo load of %g requests/s to itself", rate)
 
     def not_ready(self) -> NotReady | None:
         """Why the server should get no new traffic now; None when it is ready."""
@@ -188,6 +197,8 @@ class AppContext:
     def drain(self, timeout: float) -> bool:
         """Refuse new work, then wait up to ``timeout`` for the requests in flight."""
         self.draining.set()
+        if self.demo_load is not None:
+            self.demo_load.stop()
         if self.runtime is None:
             return True
         log.info("draining: waiting up to %.0f s for the requests in flight", timeout)
@@ -197,6 +208,8 @@ class AppContext:
         return drained
 
     def close(self) -> None:
+        if self.demo_load is not None:
+            self.demo_load.stop()
         if self.runtime is not None:
             self.runtime.close()
         checkpoint(self.db)

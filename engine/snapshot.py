@@ -45,6 +45,7 @@ class QueueDepths(BaseModel):
     model_config = FROZEN
     waiting: int
     running: int
+    max_waiting: int = Field(description="Waiting requests before new ones get 429.")
 
 
 class Throughput(BaseModel):

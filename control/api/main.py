@@ -3,6 +3,7 @@
 from fastapi import APIRouter
 
 from control.api.routes import (
+    admin_demo_load,
     admin_guardrail,
     admin_maintenance,
     admin_policy,
@@ -29,5 +30,6 @@ for module in (
     admin_maintenance,
     admin_schedules,
     admin_guardrail,
+    admin_demo_load,
 ):
     api_router.include_router(module.router)

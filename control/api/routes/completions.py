@@ -181,12 +181,14 @@ class Render:
         return _choice(output, self.echo + output.text, logprobs)
 
     def chunk(self, output: RequestOutput) -> CompletionChoice | None:
-        """The choice's next chunk, or None while it has no text to send yet."""
+        """The choice's next chunk: one for each step that gave it a token, even when the
+        token's text is held back (an incomplete character, a possible stop string) — a
+        client's clock then sees every token, as vLLM streams; None for a step without one."""
         index = output.index
         pending = self._pending.setdefault(index, [])
         if self.want_logprobs:
             pending.extend(output.new_logprobs or [])
-        if not (output.text_delta or output.finished):
+        if not (output.new_token_ids or output.text_delta or output.finished):
             return None
         text, first = output.text_delta, None
         if index not in self._started:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -10,7 +12,16 @@ from control.api.deps import ContextDep
 router = APIRouter(tags=["public"])
 
 
+SNAPSHOT_WAIT_S = 1.0
+"""How long a scrape waits for the engine's step boundary. A step that runs longer (a stall)
+gets the last snapshot's figures, so the scrape still answers well inside Prometheus's
+10 s timeout and the stall alerts (counters the watchdog keeps) can fire meanwhile."""
+
+
 @router.get("/metrics", response_class=Response)
 def metrics(ctx: ContextDep) -> Response:
-    snapshot = ctx.runtime.llm_engine.snapshot() if ctx.runtime is not None else None
+    snapshot = None
+    if ctx.runtime is not None:
+        with contextlib.suppress(TimeoutError):  # the collector keeps the last snapshot
+            snapshot = ctx.runtime.llm_engine.snapshot(timeout=SNAPSHOT_WAIT_S)
     return Response(ctx.metrics.render(snapshot), media_type=CONTENT_TYPE_LATEST)
