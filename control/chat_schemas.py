@@ -103,9 +103,19 @@ class ChatMessage(BaseModel):
         return plain
 
 
+TOP_LOGPROBS_NEEDS_LOGPROBS = {
+    "if": {"properties": {"top_logprobs": {"type": "integer"}}, "required": ["top_logprobs"]},
+    "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+}
+"""The rule across two fields, in JSON Schema (the route refuses the rest with 400)."""
+
+
 class ChatCompletionRequest(UnsupportedFields):
     """OpenAI's chat request. ``max_completion_tokens`` wins over the older ``max_tokens``;
-    with neither, the answer may fill the context (``max_model_len`` less the prompt)."""
+    with neither, the answer may fill the context (``max_model_len`` less the prompt).
+    ``top_logprobs`` needs ``logprobs: true``, as OpenAI says (and the schema)."""
+
+    model_config = ConfigDict(json_schema_extra=TOP_LOGPROBS_NEEDS_LOGPROBS)
 
     model: _shared("model")  # type: ignore[valid-type]
     messages: list[ChatMessage] = Field(min_length=1)
