@@ -28,7 +28,8 @@ def test_state_reports_the_policy_version_the_engine_runs(client: httpx.Client) 
     assert after["scheduler"]["policy"] == target
     kv = after["kv"]
     assert kv["free"] + kv["used"] + kv["cached"] == kv["total"] == len(after["block_map"])
-    assert set(after["queue"]) == {"waiting", "running"}
+    assert set(after["queue"]) == {"waiting", "running", "max_waiting"}
+    assert after["queue"]["max_waiting"] >= 1  # the server's --max-waiting
 
 
 def test_metrics_and_state_read_the_same_snapshot(client: httpx.Client) -> None:

@@ -162,7 +162,7 @@ def test_moderate_nesting_and_brackets_in_strings_are_still_parsed(client: httpx
 
 
 def test_unknown_v1_path_is_404_in_openai_shape(client: httpx.Client) -> None:
-    assert_openai_error(client.post("/v1/chat/completions", json={}), 404, None)
+    assert_openai_error(client.post("/v1/embeddings", json={}), 404, None)
     assert_openai_error(client.get("/v1/completions"), 405, None)
 
 
