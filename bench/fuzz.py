@@ -39,11 +39,6 @@ ADMIN_SCHEME = "HTTPBearer"
 # Every path left out of the run, with the reason (the schema is filtered by these regexes).
 EXCLUDED_PATHS = {
     r"^/admin/testing/": "test-only fault-injection routes, mounted only with SERVEDECK_TESTING=1",
-    r"^/admin/schedules": "not fuzzed yet (issue 14): ScheduleCreate's schema states what the "
-    "server refuses: policy may be null, priority 468.0 is no integer to it, and the engine "
-    "caps of policy params are not written in (control/schemas.py, admin_policy.py); with those "
-    "fixed a run of its operations passes (OPTIONS answers 405 with Allow; cron, zone and until "
-    "refusals are the documented schedule_window); tests/control/test_schedules_*.py meanwhile",
 }
 EXCLUDED_REGEX = "|".join(f"(?:{pattern})" for pattern in EXCLUDED_PATHS)
 # Refusals of schema-valid input that no JSON Schema can express, told apart by the error code
@@ -55,9 +50,14 @@ DOCUMENTED_REFUSALS = {
     "or until, as value errors: the schema says they are strings; a crontab field's validity "
     "(ordered ranges, per-field bounds, names) is APScheduler's, a zone's is the server's "
     "tzdata, until is HH:MM[:SS] (no pattern stated in ScheduleCreate yet)",
+    "guardrail_rule": "PUT /admin/guardrail: a 422 naming only bounds or objectives, as value "
+    "errors: a range's min above its max, no objective set, or a bound above the engine cap of "
+    "its knob (one range type serves every knob, so no per-knob maximum is stated)",
 }
-# The request fields whose 422 counts as the documented refusal ``schedule_window``.
+# The request fields whose 422 value errors count as each documented refusal: exact locations,
+# or (``guardrail_rule``) anything under them.
 SCHEDULE_WINDOW_FIELDS = {("body", f) for f in ("cron", "cron_seconds", "timezone", "until")}
+GUARDRAIL_RULE_FIELDS = {("body", "bounds"), ("body", "objectives")}
 # Limits of the run itself, not exclusions: reported with the summary.
 NOT_CHECKED = {
     "SSE event bodies": "each event is validated against the text/event-stream schema the "
@@ -159,21 +159,27 @@ def _cause(answer: requests.Response | None) -> str:
     return f"{answer.status_code} {json.dumps(detail if detail is not None else body)[:80]}"
 
 
-def _only_window_fields(detail: object) -> bool:
-    """Whether a 422's ``detail`` lists only value errors of ``SCHEDULE_WINDOW_FIELDS``."""
+def _value_error_refusal(detail: object) -> str | None:
+    """The documented refusal a 422's ``detail`` is: every item a value error at one of
+    ``SCHEDULE_WINDOW_FIELDS`` (``schedule_window``) or under ``GUARDRAIL_RULE_FIELDS``
+    (``guardrail_rule``); None otherwise."""
     if not isinstance(detail, list) or not detail:
-        return False
-    return all(
-        isinstance(item, dict)
-        and item.get("type") == "value_error"
-        and tuple(item.get("loc", ())) in SCHEDULE_WINDOW_FIELDS
-        for item in detail
-    )
+        return None
+    locs = []
+    for item in detail:
+        if not isinstance(item, dict) or item.get("type") != "value_error":
+            return None
+        locs.append(tuple(item.get("loc", ())))
+    if all(loc in SCHEDULE_WINDOW_FIELDS for loc in locs):
+        return "schedule_window"
+    if all(loc[:2] in GUARDRAIL_RULE_FIELDS for loc in locs):
+        return "guardrail_rule"
+    return None
 
 
 def _error_code(answer: requests.Response | None) -> str | None:
-    """``error.code`` of a 400 in OpenAI's error shape; ``schedule_window`` for a 422 whose
-    every error is a value error of a ``SCHEDULE_WINDOW_FIELDS`` field; else None."""
+    """``error.code`` of a 400 in OpenAI's error shape; for a 422, the documented value-error
+    refusal it is (``_value_error_refusal``); else None."""
     if answer is None or answer.status_code not in (400, 422):
         return None
     try:
@@ -183,7 +189,7 @@ def _error_code(answer: requests.Response | None) -> str | None:
     if not isinstance(body, dict):
         return None
     if answer.status_code == 422:
-        return "schedule_window" if _only_window_fields(body.get("detail")) else None
+        return _value_error_refusal(body.get("detail"))
     error = body.get("error")
     return error.get("code") if isinstance(error, dict) else None
 

@@ -314,10 +314,11 @@ class PolicyView(BaseModel):
     status: VersionStatus
 
 
-def policy_spec_schema() -> dict[str, Any]:
+def policy_spec_schema(nullable: bool = True) -> dict[str, Any]:
     """``PolicySpec`` as a PUT validates it: one branch per policy whose ``params`` is that
-    policy's params schema (unknown keys refused). The engine caps of the capped params are
-    written in by the server (``admin_policy.document_policy_caps``)."""
+    policy's params schema (unknown keys refused); ``null`` too when ``nullable``. The
+    engine caps of the capped params are written in by the server
+    (``admin_policy.document_policy_caps``)."""
     branches = [
         {
             "type": "object",
@@ -328,6 +329,8 @@ def policy_spec_schema() -> dict[str, Any]:
         }
         for name, params in params_schemas().items()
     ]
+    if not nullable:
+        return {"oneOf": branches}
     return {"anyOf": [{"oneOf": branches}, {"type": "null"}], "default": None}
 
 
@@ -544,10 +547,10 @@ class ScheduleCreate(BaseModel):
     )
     until: StrictStr = Field(description="Local wall time HH:MM[:SS] the window ends at.")
     timezone: StrictStr = Field("UTC", description="IANA zone of cron and until.")
-    policy: Annotated[PolicySpec, WithJsonSchema(policy_spec_schema())]
+    policy: Annotated[PolicySpec, WithJsonSchema(policy_spec_schema(nullable=False))]
     memory_reserve: StrictFloat | None = memory_reserve_field(None)
     reason: str = Field(min_length=1, pattern=REASON_PATTERN, description="Why: required.")
-    priority: StrictInt = Field(0, ge=-1000, le=1000, description="Higher wins an overlap.")
+    priority: JsonInt = Field(0, ge=-1000, le=1000, description="Higher wins an overlap.")
 
     @field_validator("cron")
     @classmethod

@@ -42,7 +42,9 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Run prompts (strings or token-id lists) to completion; outputs in prompt order."""
+        """Run prompts (strings or token-id lists) to completion; outputs in prompt order, a
+        prompt whose params ask for ``n`` > 1 choices giving its ``n`` outputs one after another
+        (``output.index`` 0..n-1; all share the prompt's ``request_id``)."""
         batch = _as_prompt_list(prompts)
         if params is None or isinstance(params, SamplingParams):
             per_prompt = [params or SamplingParams()] * len(batch)
@@ -53,7 +55,7 @@ class LLM:
         for prompt, prompt_params in zip(batch, per_prompt, strict=True):
             self.engine.check_request(self.engine.tokenize(prompt), prompt_params)
         ids: list[str] = []
-        final: dict[str, RequestOutput] = {}
+        final: dict[str, dict[int, RequestOutput]] = {}
         pending = list(zip(batch, per_prompt, strict=True))
         while pending or self.engine.has_unfinished_requests():
             while pending:
@@ -64,8 +66,8 @@ class LLM:
                 pending.pop(0)
             for output in self.engine.step():
                 if output.finished:
-                    final[output.request_id] = output
-        return [final[request_id] for request_id in ids]
+                    final.setdefault(output.request_id, {})[output.index] = output
+        return [final[rid][index] for rid in ids for index in sorted(final[rid])]
 
     def set_policy(self, name: str, **params: Any) -> None:
         """Switch policy; takes effect at the next step boundary, nothing is lost."""

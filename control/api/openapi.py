@@ -13,17 +13,21 @@ from typing import Any
 
 from fastapi import FastAPI
 
+STOP_BODIES = ("CompletionRequest", "ChatCompletionRequest")
+"""Request bodies with a ``stop`` list that ``check_stop_list`` bounds."""
+
 
 def document_stop_limits(schema: dict[str, Any], max_strings: int, max_length: int) -> None:
-    """``maxItems``/``maxLength`` of ``CompletionRequest.stop`` (what ``check_stop_list``
-    enforces), in place."""
-    stop = _completion_request(schema)["stop"]
-    for branch in stop["anyOf"]:
-        if branch.get("type") == "string":
-            branch["maxLength"] = max_length
-        elif branch.get("type") == "array":
-            branch["maxItems"] = max_strings
-            branch["items"]["maxLength"] = max_length
+    """``maxItems``/``maxLength`` of every ``stop`` in ``STOP_BODIES`` (what
+    ``check_stop_list`` enforces), in place."""
+    for body in STOP_BODIES:
+        stop = schema["components"]["schemas"][body]["properties"]["stop"]
+        for branch in stop["anyOf"]:
+            if branch.get("type") == "string":
+                branch["maxLength"] = max_length
+            elif branch.get("type") == "array":
+                branch["maxItems"] = max_strings
+                branch["items"]["maxLength"] = max_length
 
 
 def document_vocab_size(schema: dict[str, Any], vocab_size: int) -> None:

@@ -204,3 +204,18 @@ def test_a_failed_choice_ends_the_stream_and_frees_the_others(tiny_model_dir: Pa
         assert llm.engine.kv_stats().used == 0
     finally:
         async_engine.shutdown()
+
+
+def test_llm_generate_gives_each_prompts_choices_in_order(tiny_model_dir: Path) -> None:
+    llm = make_llm(tiny_model_dir)
+    params = [
+        SamplingParams(max_tokens=6, temperature=0.0),
+        SamplingParams(max_tokens=6, temperature=0.0, n=3),
+        SamplingParams(max_tokens=4, temperature=0.0),
+    ]
+    outputs = llm.generate([PROMPT, BOUNDARY_PROMPT, PROMPT[:20]], params)
+    assert [o.index for o in outputs] == [0, 0, 1, 2, 0]
+    assert len({o.request_id for o in outputs[1:4]}) == 1
+    assert [len(o.token_ids) for o in outputs] == [6, 6, 6, 6, 4]
+    solo = llm.generate([BOUNDARY_PROMPT], params[0])[0]
+    assert all(o.token_ids == solo.token_ids for o in outputs[1:4])

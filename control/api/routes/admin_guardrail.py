@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query
 
+from control.api.allow import answer_other_methods
 from control.api.deps import ActorDep, AdminDep, RuntimeDep, SessionDep
 from control.api.errors import validation_error
 from control.guardrail.schemas import DecisionList, GuardrailUpdate, GuardrailView
@@ -45,17 +46,6 @@ def get_decisions(
     return runtime.guardrail.decisions(session, limit)
 
 
-def method_not_allowed() -> Response:
-    return Response(status_code=405, headers={"Allow": "GET, PUT"})
-
-
-# GET and PUT are two routes: a method neither has would get the first one's 405, naming only
-# GET. As for /admin/policy, this route answers it for the path, before auth.
 router = APIRouter()
 router.include_router(admin)
-router.add_api_route(
-    "/admin/guardrail",
-    method_not_allowed,
-    methods=["POST", "DELETE", "PATCH", "OPTIONS", "HEAD", "TRACE"],
-    include_in_schema=False,
-)
+answer_other_methods(router, "/admin/guardrail", ["GET", "PUT"])

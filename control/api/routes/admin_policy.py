@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, FastAPI, Path, Query, Request, Response
 
+from control.api.allow import answer_other_methods
 from control.api.deps import (
     ActorDep,
     AdminDep,
@@ -135,10 +136,14 @@ def rollback(
     return result
 
 
+POLICY_SPEC_BODIES = ("PolicyUpdate", "ScheduleCreate")
+"""Request bodies whose ``policy`` is a spec the engine caps bound."""
+
+
 def document_policy_caps(app: FastAPI, limits: Callable[[], EngineLimits | None]) -> None:
     """Make ``app.openapi()`` show the engine caps of the capped policy params (a value above
-    one is 422) as their ``maximum`` in ``PolicyUpdate``, once the engine is loaded; until
-    then the schema is not cached."""
+    one is 422) as their ``maximum`` wherever a policy spec is taken (``PolicyUpdate``,
+    ``ScheduleCreate``), once the engine is loaded; until then the schema is not cached."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -149,30 +154,20 @@ def document_policy_caps(app: FastAPI, limits: Callable[[], EngineLimits | None]
         if known is None:
             app.openapi_schema = None
             return schema
-        policy = schema["components"]["schemas"]["PolicyUpdate"]["properties"]["policy"]
-        for branch in policy["anyOf"][0]["oneOf"]:
-            params = branch["properties"]["params"]["properties"]
-            name = branch["properties"]["name"]["const"]
-            for field, limit in POLICIES[name].params_model.caps.items():
-                for typed in params[field].get("anyOf", [params[field]]):
-                    if typed.get("type") == "integer":
-                        typed["maximum"] = min(typed["maximum"], getattr(known, limit))
+        for model in POLICY_SPEC_BODIES:
+            policy = schema["components"]["schemas"][model]["properties"]["policy"]
+            for branch in policy.get("anyOf", [policy])[0]["oneOf"]:
+                params = branch["properties"]["params"]["properties"]
+                name = branch["properties"]["name"]["const"]
+                for field, limit in POLICIES[name].params_model.caps.items():
+                    for typed in params[field].get("anyOf", [params[field]]):
+                        if typed.get("type") == "integer":
+                            typed["maximum"] = min(typed["maximum"], getattr(known, limit))
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def method_not_allowed() -> Response:
-    return Response(status_code=405, headers={"Allow": "GET, PUT"})
-
-
-# GET and PUT on /admin/policy are two routes; a method neither has would get the 405 of the
-# first, naming only GET. This route answers it for the path, before auth, as routing would.
 router = APIRouter()
 router.include_router(admin)
-router.add_api_route(
-    "/admin/policy",
-    method_not_allowed,
-    methods=["POST", "DELETE", "PATCH", "OPTIONS", "HEAD", "TRACE"],
-    include_in_schema=False,
-)
+answer_other_methods(router, "/admin/policy", ["GET", "PUT"])

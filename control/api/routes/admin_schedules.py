@@ -3,11 +3,11 @@ changes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query, Response
+from fastapi import APIRouter, HTTPException, Path, Query
 
+from control.api.allow import answer_other_methods
 from control.api.deps import ActorDep, AdminDep, RuntimeDep, SessionDep
 from control.api.errors import validation_error
 from control.models import SQLITE_INTEGER_MAX
@@ -71,28 +71,7 @@ def delete_schedule(
         raise HTTPException(404, str(exc)) from None
 
 
-def _not_allowed(allow: str) -> Callable[[], Response]:
-    def method_not_allowed() -> Response:
-        return Response(status_code=405, headers={"Allow": allow})
-
-    return method_not_allowed
-
-
-# Each method of a path is a route of its own: a method none has would get the first one's
-# 405, naming only its method. These routes answer it for the path, before auth, as routing
-# would (as for /admin/policy).
 router = APIRouter()
 router.include_router(admin)
-OTHER_METHODS = ["PUT", "PATCH", "OPTIONS", "HEAD", "TRACE"]
-router.add_api_route(
-    "/admin/schedules",
-    _not_allowed("GET, POST"),
-    methods=[*OTHER_METHODS, "DELETE"],
-    include_in_schema=False,
-)
-router.add_api_route(
-    "/admin/schedules/{schedule_id}",
-    _not_allowed("GET, DELETE"),
-    methods=[*OTHER_METHODS, "POST"],
-    include_in_schema=False,
-)
+answer_other_methods(router, "/admin/schedules", ["GET", "POST"])
+answer_other_methods(router, "/admin/schedules/{schedule_id}", ["GET", "DELETE"])
