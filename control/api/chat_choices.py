@@ -7,11 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from control.api.logprobs import TokenTexts, finite
-from control.api.routes.completions import _sse
 from control.chat_schemas import (
     ChatChoice,
     ChatChunkChoice,
-    ChatCompletionChunk,
     ChatCompletionMessage,
     ChatCompletionRequest,
     ChatDelta,
@@ -19,7 +17,6 @@ from control.chat_schemas import (
     ChatTokenLogprob,
     TopLogprob,
 )
-from control.schemas import Usage
 from engine.engine import LLMEngine
 from engine.outputs import RequestOutput, TokenLogprob
 
@@ -48,10 +45,19 @@ class Render:
     last chunk)."""
 
     def __init__(self, body: ChatCompletionRequest, engine: LLMEngine) -> None:
+        self.n = body.n
         self.want_logprobs = bool(body.logprobs)
         self.top = body.top_logprobs or 0
         self.texts = TokenTexts(engine.tokenizer)
         self._pending: dict[int, list[TokenLogprob]] = {}
+
+    def roles(self) -> list[list[ChatChunkChoice]]:
+        """A stream's first chunks, sent at once: each choice's role (clients time the first
+        token from the first chunk)."""
+        return [
+            [ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))]
+            for index in range(self.n)
+        ]
 
     def _logprobs(self, entries: Iterable[TokenLogprob]) -> ChatLogprobs | None:
         return chat_logprobs(entries, self.texts, self.top) if self.want_logprobs else None
@@ -80,21 +86,3 @@ class Render:
         )
         pending.clear()
         return choice
-
-
-class Chunker:
-    """One SSE ``data:`` line per chunk, all with the request's id, time and model."""
-
-    def __init__(self, request_id: str, created: int, model: str) -> None:
-        self.request_id, self.created, self.model = request_id, created, model
-
-    def __call__(self, choices: list[ChatChunkChoice], usage: Usage | None = None) -> str:
-        return _sse(
-            ChatCompletionChunk(
-                id=self.request_id,
-                created=self.created,
-                model=self.model,
-                choices=choices,
-                usage=usage,
-            )
-        )

@@ -9,143 +9,44 @@ logprobs (``SamplingParams.prompt_logprobs``; the first token has none).
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import TypeVar
 
-from fastapi import APIRouter, HTTPException, Request
-from fastapi.responses import StreamingResponse
-from pydantic import BaseModel
+from fastapi import APIRouter, Request
 from tokenizers import Tokenizer
 
 from control.api.deps import ApiKeyDep, ContextDep, RuntimeDep
-from control.api.errors import ApiError, public_errors
-from control.api.limits import check_stop_list, prompt_token_ids
+from control.api.generation import Answers, check_request, sampling_params
+from control.api.limits import prompt_token_ids
 from control.api.logprobs import TokenTexts, completion_logprobs
 from control.schemas import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
-    ErrorInfo,
-    ErrorResponse,
-    Usage,
 )
-from engine.async_engine import EngineStepError, EngineStopped, RequestStream
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
 
 router = APIRouter(tags=["public"], dependencies=[ApiKeyDep])
-DISCONNECT_POLL_S = 0.25
-CLIENT_GONE = 499
-T = TypeVar("T")
-
-SSE_EVENT = {
-    "type": "object",
-    "description": "One server-sent event (the schema of each event, as OpenAPI 3.1 reads it).",
-    "properties": {
-        "data": {
-            "type": "string",
-            "description": "A CompletionResponse chunk as JSON; an ErrorResponse as JSON if the "
-            "request failed midway; `[DONE]` last.",
-        }
-    },
-    "required": ["data"],
-}
-RESPONSES = {
-    200: {
-        "description": "The completion; with `stream: true`, server-sent events of "
-        "CompletionResponse chunks ending in `data: [DONE]`.",
-        "content": {"text/event-stream": {"schema": SSE_EVENT}},
-    },
-    **public_errors(400, 401, 404, 413, 429, 500, 503),
-}
+ANSWERS = Answers(CompletionResponse, CompletionResponse, "completion")
 
 
-@router.post("/v1/completions", response_model=CompletionResponse, responses=RESPONSES)
+@router.post("/v1/completions", response_model=CompletionResponse, responses=ANSWERS.responses)
 async def create_completion(
     body: CompletionRequest, runtime: RuntimeDep, ctx: ContextDep, request: Request
 ):
-    if body.model is not None and body.model != runtime.model_name:
-        raise ApiError(
-            404,
-            f"model {body.model!r} does not exist; this server serves {runtime.model_name!r}",
-            param="model",
-            code="model_not_found",
-            reason="unknown_model",
-        )
-    settings = ctx.settings
-    check_stop_list(list(body.stop or []), settings.max_stop_strings, settings.max_stop_length)
+    check_request(body, runtime, ctx.settings)
     engine = runtime.llm_engine
     token_ids = await prompt_token_ids(body.prompt, engine)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    stream = runtime.engine.add_request(token_ids, sampling_params(body), request_id)
-    created = int(time.time())
+    stream = runtime.engine.add_request(token_ids, engine_params(body), request_id)
     render = Render(body, engine.tokenizer, token_ids)
-    if not body.stream:
-        try:
-            finals = await _unless_gone(_finals(stream), request)
-        finally:
-            await stream.aclose()
-        return CompletionResponse(
-            id=request_id,
-            created=created,
-            model=runtime.model_name,
-            choices=[render.final(finals[i]) for i in sorted(finals)],
-            usage=_usage(finals.values()),
-        )
-    # Every refusal was raised above, before this: it answers with a JSON error, never with
-    # an event stream. The stream starts at once (clients see the queue time as time to
-    # first token); a failure from here on ends it with an error event.
-    include_usage = body.stream_options is not None and body.stream_options.include_usage
-    events = _events(
-        stream,
-        Chunker(request_id, created, runtime.model_name),
-        render,
-        include_usage,
-        runtime.metrics.count_failed,
-    )
-    return StreamingResponse(
-        events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-    )
+    return await ANSWERS.answer(body, request_id, runtime, stream, render, request)
 
 
-async def _unless_gone(work: Awaitable[T], request: Request) -> T:
-    """``work``'s result; a client that hangs up first cancels it (which aborts the request
-    and frees its blocks) and gets 499."""
-    task = asyncio.ensure_future(work)
-    try:
-        while not task.done():
-            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if not task.done() and await request.is_disconnected():
-                raise HTTPException(CLIENT_GONE, "the client closed the connection")
-        return task.result()
-    finally:
-        task.cancel()  # cancelling the stream's reader aborts the request
-
-
-async def _finals(stream: RequestStream) -> dict[int, RequestOutput]:
-    """The last output of each of the request's sequences, by choice index."""
-    finals: dict[int, RequestOutput] = {}
-    async for output in stream:
-        finals[output.index] = output
-    return finals
-
-
-def sampling_params(body: CompletionRequest) -> SamplingParams:
-    return SamplingParams(
-        max_tokens=body.max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=max(body.top_k, 0),
-        seed=body.seed,
-        stop=list(body.stop or []),
-        ignore_eos=body.ignore_eos,
-        n=body.n,
-        logprobs=body.logprobs,
-        prompt_logprobs=body.logprobs if body.echo else None,
+def engine_params(body: CompletionRequest) -> SamplingParams:
+    return sampling_params(
+        body, body.max_tokens, body.logprobs, body.logprobs if body.echo else None
     )
 
 
@@ -206,52 +107,6 @@ class Render:
         return _choice(output, text, logprobs)
 
 
-class Chunker:
-    """One SSE ``data:`` line per chunk, all with the request's id, time and model."""
-
-    def __init__(self, request_id: str, created: int, model: str) -> None:
-        self.request_id, self.created, self.model = request_id, created, model
-
-    def __call__(self, choices: list[CompletionChoice], usage: Usage | None = None) -> str:
-        body = CompletionResponse(
-            id=self.request_id,
-            created=self.created,
-            model=self.model,
-            choices=choices,
-            usage=usage,
-        )
-        return _sse(body)
-
-
-async def _events(
-    stream: RequestStream,
-    chunk: Chunker,
-    render: Render,
-    include_usage: bool,
-    on_failure: Callable[[], None],
-) -> AsyncIterator[str]:
-    last: dict[int, RequestOutput] = {}
-    try:
-        async for output in stream:
-            last[output.index] = output
-            choice = render.chunk(output)
-            if choice is not None:
-                yield chunk([choice])
-        if include_usage and last:
-            yield chunk([], _usage(last.values()))
-    except (EngineStepError, EngineStopped) as exc:
-        on_failure()
-        code = "engine_stopped" if isinstance(exc, EngineStopped) else "engine_error"
-        yield _sse(ErrorResponse(error=ErrorInfo(message=str(exc), type="server_error", code=code)))
-    finally:
-        await stream.aclose()  # a client that went away aborts the request
-    yield "data: [DONE]\n\n"
-
-
-def _sse(body: BaseModel) -> str:
-    return f"data: {body.model_dump_json()}\n\n"
-
-
 def _choice(
     output: RequestOutput, text: str, logprobs: CompletionLogprobs | None = None
 ) -> CompletionChoice:
@@ -261,14 +116,4 @@ def _choice(
         logprobs=logprobs,
         finish_reason=output.finish_reason,
         stop_reason=output.stop_reason if output.finished else None,
-    )
-
-
-def _usage(finals: Iterable[RequestOutput]) -> Usage:
-    """The prompt once, every choice's tokens."""
-    outputs = list(finals)
-    prompt = len(outputs[0].prompt_token_ids)
-    completion = sum(len(output.token_ids) for output in outputs)
-    return Usage(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
     )

@@ -1,0 +1,268 @@
+"""What ``/v1/completions`` and ``/v1/chat/completions`` share: the first checks (model, stop
+list), the engine's sampling params, and the answer: whole once every choice is done (a client
+that hangs up first aborts the request), or as server-sent events (each choice's chunks, the
+usage chunk, an error event, ``[DONE]``), with the usage counted once.
+
+Each route keeps what differs: its body, its prompt and its choices (a ``ChoiceRender``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from fastapi import HTTPException, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from control.api.errors import ApiError, public_errors
+from control.api.limits import check_stop_list
+from control.api.middleware import CLIENT_GONE
+from control.core.config import Settings
+from control.runtime import Runtime
+from control.schemas import ErrorInfo, ErrorResponse, StreamOptions, Usage
+from engine.async_engine import EngineStepError, EngineStopped, RequestStream
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+DISCONNECT_POLL_S = 0.25
+"""How often a client waiting for a whole answer is checked for having hung up."""
+T = TypeVar("T")
+Choice = TypeVar("Choice", bound=BaseModel)
+
+
+def check_model(model: str | None, served: str) -> None:
+    """A request may name the served model or none; another name answers 404."""
+    if model is not None and model != served:
+        raise ApiError(
+            404,
+            f"model {model!r} does not exist; this server serves {served!r}",
+            param="model",
+            code="model_not_found",
+            reason="unknown_model",
+        )
+
+
+def wants_usage(stream_options: StreamOptions | None) -> bool:
+    """``stream_options.include_usage``: a last chunk with the usage and no choices."""
+    return stream_options is not None and stream_options.include_usage
+
+
+async def unless_gone(work: Awaitable[T], request: Request) -> T:
+    """``work``'s result; a client that hangs up first cancels it (which aborts the request
+    and frees its blocks) and gets 499."""
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                raise HTTPException(CLIENT_GONE, "the client closed the connection")
+        return task.result()
+    finally:
+        task.cancel()  # cancelling the stream's reader aborts the request
+
+
+async def finals(stream: RequestStream) -> dict[int, RequestOutput]:
+    """The last output of each of the request's sequences, by choice index."""
+    last: dict[int, RequestOutput] = {}
+    async for output in stream:
+        last[output.index] = output
+    return last
+
+
+async def whole_answer(stream: RequestStream, request: Request) -> dict[int, RequestOutput]:
+    """``finals`` of a request answered at once, unless the client hangs up first."""
+    try:
+        return await unless_gone(finals(stream), request)
+    finally:
+        await stream.aclose()
+
+
+def usage(outputs: Iterable[RequestOutput]) -> Usage:
+    """The prompt once, every choice's tokens."""
+    outputs = list(outputs)
+    prompt = len(outputs[0].prompt_token_ids)
+    completion = sum(len(output.token_ids) for output in outputs)
+    return Usage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )
+
+
+def sse(body: BaseModel) -> str:
+    return f"data: {body.model_dump_json()}\n\n"
+
+
+class ChoiceRender(Protocol[Choice]):
+    """A route's choices: a sequence's whole choice from its last output, or chunk by chunk
+    (the next chunk of an output's choice, or None)."""
+
+    def final(self, output: RequestOutput) -> Any: ...
+
+    def chunk(self, output: RequestOutput) -> Choice | None: ...
+
+
+class Generating(Protocol):
+    """What both request bodies share (``CompletionRequest``'s fields, which chat takes)."""
+
+    model: str | None
+    stop: list[str] | None
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    ignore_eos: bool
+    n: int
+    stream: bool
+    stream_options: StreamOptions | None
+
+
+def check_request(body: Generating, runtime: Runtime, settings: Settings) -> None:
+    """The checks both routes make first: the model's name and the stop list's size."""
+    check_model(body.model, runtime.model_name)
+    check_stop_list(list(body.stop or []), settings.max_stop_strings, settings.max_stop_length)
+
+
+def sampling_params(
+    body: Generating, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None
+) -> SamplingParams:
+    """The engine's params: the body's sampling fields, and what the route decided."""
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=max(body.top_k, 0),
+        seed=body.seed,
+        stop=list(body.stop or []),
+        ignore_eos=body.ignore_eos,
+        n=body.n,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+    )
+
+
+@dataclass(frozen=True)
+class Answers:
+    """How a route answers: its whole answer's model and its chunks' model, both with ``id``,
+    ``created``, ``model``, ``choices`` and ``usage`` (``what`` it answers names the answer in
+    ``/openapi.json``)."""
+
+    whole: type[BaseModel]
+    chunk: type[BaseModel]
+    what: str
+
+    @property
+    def responses(self) -> dict[int | str, dict[str, Any]]:
+        """OpenAPI ``responses`` of the route: the answer, or with ``stream: true`` its
+        server-sent events; then the ``/v1`` refusals."""
+        one = self.chunk.__name__ + (" chunk" if self.chunk is self.whole else "")
+        event = {
+            "type": "object",
+            "description": "One server-sent event (the schema of each event, as OpenAPI 3.1 "
+            "reads it).",
+            "properties": {
+                "data": {
+                    "type": "string",
+                    "description": f"A {one} as JSON; an ErrorResponse as JSON if the "
+                    "request failed midway; `[DONE]` last.",
+                }
+            },
+            "required": ["data"],
+        }
+        return {
+            200: {
+                "description": f"The {self.what}; with `stream: true`, server-sent events of "
+                f"{one} objects ending in `data: [DONE]`.",
+                "content": {"text/event-stream": {"schema": event}},
+            },
+            **public_errors(400, 401, 404, 413, 429, 500, 503),
+        }
+
+    async def answer(
+        self,
+        body: Generating,
+        request_id: str,
+        runtime: Runtime,
+        stream: RequestStream,
+        render: ChoiceRender[Choice],
+        request: Request,
+        first: Iterable[list[Choice]] = (),
+    ) -> BaseModel | StreamingResponse:
+        """The whole answer once every choice is done, or its event stream (see ``events``).
+
+        Every refusal was raised before this: it answers with a JSON error, never with an
+        event stream. The stream starts at once (clients see the queue time as time to first
+        token); a failure from then on ends it with an error event."""
+        created, model = int(time.time()), runtime.model_name
+        if not body.stream:
+            last = await whole_answer(stream, request)
+            return self.whole(
+                id=request_id,
+                created=created,
+                model=model,
+                choices=[render.final(last[i]) for i in sorted(last)],
+                usage=usage(last.values()),
+            )
+        chunk = Chunker[Choice](self.chunk, request_id, created, model)
+        include_usage = wants_usage(body.stream_options)
+        on_failure = runtime.metrics.count_failed
+        return event_stream(events(stream, chunk, render, include_usage, on_failure, first))
+
+
+class Chunker(Generic[Choice]):
+    """One SSE ``data:`` line per chunk of a ``response`` model, all with the request's id,
+    time and model."""
+
+    def __init__(self, response: type[BaseModel], request_id: str, created: int, model: str):
+        self.response = response
+        self.request_id, self.created, self.model = request_id, created, model
+
+    def __call__(self, choices: list[Choice], usage: Usage | None = None) -> str:
+        return sse(
+            self.response(
+                id=self.request_id,
+                created=self.created,
+                model=self.model,
+                choices=choices,
+                usage=usage,
+            )
+        )
+
+
+async def events(
+    stream: RequestStream,
+    chunk: Chunker[Choice],
+    render: ChoiceRender[Choice],
+    include_usage: bool,
+    on_failure: Callable[[], None],
+    first: Iterable[list[Choice]] = (),
+) -> AsyncIterator[str]:
+    """The stream's events: the ``first`` chunks (at once: clients time the first token from
+    the first chunk), each choice's chunks as they come, the usage if asked, ``[DONE]``. An
+    engine failure ends it with an error event; a client that goes away aborts the request."""
+    last: dict[int, RequestOutput] = {}
+    try:
+        for choices in first:
+            yield chunk(choices)
+        async for output in stream:
+            last[output.index] = output
+            choice = render.chunk(output)
+            if choice is not None:
+                yield chunk([choice])
+        if include_usage and last:
+            yield chunk([], usage(last.values()))
+    except (EngineStepError, EngineStopped) as exc:
+        on_failure()
+        code = "engine_stopped" if isinstance(exc, EngineStopped) else "engine_error"
+        yield sse(ErrorResponse(error=ErrorInfo(message=str(exc), type="server_error", code=code)))
+    finally:
+        await stream.aclose()
+    yield "data: [DONE]\n\n"
+
+
+def event_stream(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
