@@ -5,13 +5,19 @@ are separate, so one loaded model can serve several engines (the benchmark gives
 fresh engine and KV pool around the same weights). ``load_bundle`` can also build a
 checkpoint preset's model from seeded random weights made on the device, with no file read or
 written (``RandomWeights``): the GPU check runs a llama3-8b-shaped engine that way.
+
+With ``tensor_parallel_size`` K > 1, ``load_bundle`` is rank 0: it spawns ranks 1..K-1
+(``engine.parallel.world``), which load their own shards while it loads its own, and the
+bundle keeps their handle (``ModelBundle.parallel``; ``close`` stops them); ``build_runner``
+has every rank build a KV pool for its KV heads with rank 0's number of blocks, and gives the
+runner the hook that broadcasts each step.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -25,6 +31,8 @@ from engine.kv_cache import allocate_kv_cache, kv_bytes_per_block
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import build_model, load_model
+from engine.parallel.shard import SINGLE, Shard, check_divisible
+from engine.parallel.world import TensorParallelWorld
 from engine.runner import ModelRunner
 from engine.sampler import Sampler
 from kernels.attention import resolve_backend
@@ -39,10 +47,17 @@ class ModelBundle:
     model: LlamaForCausalLM
     tokenizer: Tokenizer | None
     eos_token_ids: tuple[int, ...]
+    parallel: TensorParallelWorld | None = None
+    """Rank 0's handle on the other tensor-parallel ranks (None: one rank)."""
 
     @property
     def config(self) -> ModelConfig:
         return self.model.config
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks, if any (idempotent)."""
+        if self.parallel is not None:
+            self.parallel.close()
 
 
 def load_tokenizer(path: Path) -> Tokenizer | None:
@@ -79,30 +94,68 @@ class RandomWeights:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of {choices}")
 
 
-def load_bundle(config: EngineConfig, random_weights: RandomWeights | None = None) -> ModelBundle:
+def load_bundle(
+    config: EngineConfig, random_weights: RandomWeights | None = None, shard: Shard | None = None
+) -> ModelBundle:
     """Load the checkpoint folder ``config.model``; with ``random_weights``, build that preset
-    instead (``config.model`` is then only a label) in ``config.dtype`` on ``config.device``."""
+    instead (``config.model`` is then only a label) in ``config.dtype`` on ``config.device``.
+
+    ``tensor_parallel_size`` > 1 and no ``shard`` (rank 0): start the other ranks and load
+    rank 0's shard; a size that does not divide the model's heads is refused (``ValueError``
+    naming the field) before any process starts. ``shard``: a worker rank loading its own."""
     device = torch.device(config.device)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     if config.retain_freed_host_memory and device.type == "cpu":
         retain_freed_memory()
     dtype = getattr(torch, config.dtype)
+    parallel = None
+    if shard is None and config.tensor_parallel_size > 1:
+        check_divisible(_model_config(config, random_weights), config.tensor_parallel_size)
+        parallel = TensorParallelWorld(config, random_weights)
+        shard = parallel.shard
+    try:
+        bundle = _load(config, random_weights, dtype, device, shard or SINGLE)
+        if parallel is not None:
+            parallel.join(config.device)
+    except BaseException:
+        if parallel is not None:
+            parallel.close()
+        raise
+    bundle.parallel = parallel
+    return bundle
+
+
+def _load(
+    config: EngineConfig,
+    random_weights: RandomWeights | None,
+    dtype: torch.dtype,
+    device: torch.device,
+    shard: Shard,
+) -> ModelBundle:
     if random_weights is not None:
-        return _random_bundle(random_weights, dtype, device)
+        return _random_bundle(random_weights, dtype, device, shard)
     path = Path(config.model)
-    model = load_model(path, dtype, device)
+    model = load_model(path, dtype, device, shard)
     return ModelBundle(model, load_tokenizer(path), eos_token_ids(path, model.config))
 
 
-def _random_bundle(spec: RandomWeights, dtype: torch.dtype, device: torch.device) -> ModelBundle:
+def _model_config(config: EngineConfig, random_weights: RandomWeights | None) -> ModelConfig:
+    if random_weights is None:
+        return ModelConfig.from_dir(config.model)
+    return ModelConfig.from_dict(hf_config(PRESETS[random_weights.preset], 0, 0))
+
+
+def _random_bundle(
+    spec: RandomWeights, dtype: torch.dtype, device: torch.device, shard: Shard = SINGLE
+) -> ModelBundle:
     preset = PRESETS[spec.preset]
     tokenizer = build_tokenizer(preset.tokenizer_vocab)
     bos, eos = tokenizer.token_to_id(BOS), tokenizer.token_to_id(EOS)
     model_config = ModelConfig.from_dict(hf_config(preset, bos, eos))
     # Drawn in the preset's dtype, as init-model stores them, then cast like a loaded file.
     tensors = preset_weights(preset, spec.seed, getattr(torch, preset.dtype), device)
-    model = build_model(model_config, tensors, dtype, device)
+    model = build_model(model_config, tensors, dtype, device, shard)
     return ModelBundle(model, tokenizer, model_config.eos_token_ids)
 
 
@@ -111,8 +164,9 @@ def build_runner(bundle: ModelBundle, config: EngineConfig) -> tuple[ModelRunner
     device = torch.device(config.device)
     dtype = getattr(torch, config.dtype)
     mc = bundle.config
+    kv_heads = bundle.model.shard.part(mc.num_key_value_heads)
     per_block = kv_bytes_per_block(
-        mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim, dtype
+        mc.num_hidden_layers, config.block_size, kv_heads, mc.head_dim, dtype
     )
     num_blocks = config.num_kv_blocks or _default_num_blocks(config, device, per_block)
     max_model_len = config.max_model_len or mc.max_position_embeddings
@@ -125,7 +179,7 @@ def build_runner(bundle: ModelBundle, config: EngineConfig) -> tuple[ModelRunner
         mc.num_hidden_layers,
         num_blocks,
         config.block_size,
-        mc.num_key_value_heads,
+        kv_heads,
         mc.head_dim,
         dtype,
         device,
@@ -137,6 +191,9 @@ def build_runner(bundle: ModelBundle, config: EngineConfig) -> tuple[ModelRunner
         resolve_backend(config.attention_backend, device),
         Sampler(torch.Generator(device=device).manual_seed(config.seed)),
     )
+    if bundle.parallel is not None:
+        bundle.parallel.build_runner(replace(config, num_kv_blocks=num_blocks))
+        runner.broadcast = bundle.parallel.broadcast_step
     log.info(
         "KV pool: %d blocks of %d tokens (%.1f MiB)",
         num_blocks,

@@ -77,6 +77,12 @@ class EngineConfig:
         True, "on CPU, keep freed allocations mapped between forwards (engine.host_memory)"
     )
     seed: int = knob(0, "seed of the engine's torch generators")
+    tensor_parallel_size: int = knob(
+        1,
+        "ranks splitting each layer's attention heads and MLP columns (torch.distributed; "
+        "must divide the model's attention and KV heads)",
+        ge=1,
+    )
 
     def __post_init__(self) -> None:
         if self.block_size not in BLOCK_SIZES:

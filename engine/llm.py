@@ -7,6 +7,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from engine.builder import load_bundle
 from engine.checkpoint import default_model_dir
 from engine.config import EngineConfig
 from engine.engine import LLMEngine, Prompt
@@ -29,13 +30,32 @@ class LLM:
         ``max_num_batched_tokens``, ``max_model_len``, ...) set that field, whose default and
         bounds are defined there once; the rest are the policy's params
         (``LLM(policy="dynamic", length_window=64)``).
+
+        ``tensor_parallel_size=K`` > 1 starts K-1 worker processes (``engine.parallel``);
+        ``close()``, leaving a ``with LLM(...)`` block, or the interpreter's exit stops them.
         """
         engine_kwargs = {k: v for k, v in kwargs.items() if k in ENGINE_FIELDS}
         policy_params = {k: v for k, v in kwargs.items() if k not in ENGINE_FIELDS}
         config = EngineConfig(model=str(model or default_model_dir()), **engine_kwargs)
-        self.engine = LLMEngine.from_config(config)
-        if policy_params:
-            self.set_policy(config.policy, **policy_params)
+        self._bundle = load_bundle(config)
+        try:
+            self.engine = LLMEngine.from_config(config, bundle=self._bundle)
+            if policy_params:
+                self.set_policy(config.policy, **policy_params)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the tensor-parallel worker ranks, if any (idempotent; a closed tensor-parallel
+        LLM refuses to step)."""
+        self._bundle.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def generate(
         self,

@@ -10,6 +10,7 @@ request; an exception from ``execute`` (a failing forward) fails the whole step.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import NamedTuple, Protocol
 
@@ -38,6 +39,9 @@ class Runner(Protocol):
 PromptRow = tuple[int, Sequence, int]
 """``(row, sequence, position)``: a computed row whose logits give a prompt token's logprob
 (``SamplingParams.prompt_logprobs``): that of the token after ``position``."""
+BroadcastHook = Callable[[list[tuple[int, int]], list[int], list[int], AttentionInputs], None]
+"""Tensor parallelism's hook (``engine.parallel.world``): the step's block copies, token ids,
+positions and attention inputs, sent to the other ranks before rank 0's forward."""
 PROMPT_LOGPROB_ROWS = 256
 """Prompt rows turned into logits at once (a long prompt's vocabulary-wide logits are big)."""
 
@@ -99,6 +103,8 @@ class ModelRunner:
         self.pad_token_id = pad_token_id
         self.device = kv_caches[0].device
         self.last_forward_s = 0.0
+        self.broadcast: BroadcastHook | None = None
+        """Set on rank 0 of a tensor-parallel engine; None (one rank) costs one test a step."""
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> StepResult:
@@ -143,25 +149,28 @@ class ModelRunner:
         slot_mapping = torch.tensor(decode.slots, dtype=torch.int64)
         if prefill.slots:
             slot_mapping = torch.cat([slot_mapping, *prefill.slots])
-        meta = self.attention.prepare(
-            AttentionInputs(
-                slot_mapping=slot_mapping,
-                decode_seq_ids=decode.seq_ids,
-                decode_block_tables=decode.block_tables,
-                decode_seq_lens=decode.seq_lens,
-                prefill_block_tables=prefill.block_tables,
-                prefill_seq_lens=prefill.seq_lens,
-                prefill_query_start_loc=prefill.query_start_loc,
-            )
+        inputs = AttentionInputs(
+            slot_mapping=slot_mapping,
+            decode_seq_ids=decode.seq_ids,
+            decode_block_tables=decode.block_tables,
+            decode_seq_lens=decode.seq_lens,
+            prefill_block_tables=prefill.block_tables,
+            prefill_seq_lens=prefill.seq_lens,
+            prefill_query_start_loc=prefill.query_start_loc,
         )
+        token_ids = decode.token_ids + prefill.token_ids
+        positions = decode.positions + prefill.positions
+        if self.broadcast is not None:
+            self.broadcast(batch.block_copies, token_ids, positions, inputs)
+        meta = self.attention.prepare(inputs)
         offset = len(decode.token_ids)
         rows = decode.sample_rows | {k: offset + r for k, r in prefill.sample_rows.items()}
         prompt_rows = decode.prompt_rows + [(offset + r, s, p) for r, s, p in prefill.prompt_rows]
         sampled = [e for e in batch.entries if e.sample]
         dev = self.device
         return StepInputs(
-            torch.tensor(decode.token_ids + prefill.token_ids, dtype=torch.int64, device=dev),
-            torch.tensor(decode.positions + prefill.positions, dtype=torch.int64, device=dev),
+            torch.tensor(token_ids, dtype=torch.int64, device=dev),
+            torch.tensor(positions, dtype=torch.int64, device=dev),
             meta,
             [rows[id(e)] for e in sampled],
             [e.seq for e in sampled],

@@ -5,16 +5,24 @@ q/k/v and o biases and Qwen3's per-head q/k RMSNorm; ``head_dim`` need not be hi
 
 Q/K/V and gate/up projections are fused at load time (one matrix product each instead of
 three and two): on CPU every dispatched op costs, and a wider product runs closer to peak.
+
+Tensor parallelism (``engine.parallel``): with a ``Shard`` of K ranks each rank holds its
+heads' rows of q/k/v and its columns of gate/up (column-parallel), and the matching columns of
+o_proj and down (row-parallel: partial sums, all-reduced, the bias added once). Embedding,
+norms and lm_head are whole on every rank, so after each layer every rank holds the same
+hidden states and rank 0 samples with no gather. With one rank nothing changes.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from engine.model.config import ModelConfig
 from engine.model.rope import RotaryEmbedding
+from engine.parallel.shard import SINGLE, Shard
 from kernels.attention import AttentionBackend, AttentionMetadata
 
 
@@ -34,14 +42,27 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
+def _row_parallel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """This rank's columns of a row-parallel projection, summed over the ranks; bias once."""
+    out = F.linear(x, weight)
+    dist.all_reduce(out)
+    return out if bias is None else out + bias
+
+
 class Attention(nn.Module):
     def __init__(
-        self, config: ModelConfig, layer_index: int, dtype: torch.dtype, device: torch.device
+        self,
+        config: ModelConfig,
+        layer_index: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        shard: Shard = SINGLE,
     ) -> None:
         super().__init__()
         self.layer_index = layer_index
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.num_heads = shard.part(config.num_attention_heads)
+        self.num_kv_heads = shard.part(config.num_key_value_heads)
+        self.reduce = shard.parallel
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
@@ -77,31 +98,43 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope(positions, q, k)
         out = attention.forward(self.layer_index, q, k, v, meta, self.scale)
+        if self.reduce:
+            return _row_parallel(out.reshape(tokens, self.q_size), self.o_proj, self.o_bias)
         return F.linear(out.reshape(tokens, self.q_size), self.o_proj, self.o_bias)
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, shard: Shard = SINGLE
+    ) -> None:
         super().__init__()
-        size = config.intermediate_size
+        size = shard.part(config.intermediate_size)
+        self.reduce = shard.parallel
         self.gate_up_proj = _param(2 * size, config.hidden_size, dtype=dtype, device=device)
         self.down_proj = _param(config.hidden_size, size, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(x, self.gate_up_proj).chunk(2, dim=-1)
+        if self.reduce:
+            return _row_parallel(F.silu(gate) * up, self.down_proj, None)
         return F.linear(F.silu(gate) * up, self.down_proj)
 
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, config: ModelConfig, layer_index: int, dtype: torch.dtype, device: torch.device
+        self,
+        config: ModelConfig,
+        layer_index: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        shard: Shard = SINGLE,
     ) -> None:
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
-        self.self_attn = Attention(config, layer_index, dtype, device)
+        self.self_attn = Attention(config, layer_index, dtype, device, shard)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
-        self.mlp = MLP(config, dtype, device)
+        self.mlp = MLP(config, dtype, device, shard)
 
     def forward(self, x, positions, rope, attention, meta) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), positions, rope, attention, meta)
@@ -109,14 +142,18 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, shard: Shard = SINGLE
+    ) -> None:
         super().__init__()
         self.config = config
+        self.shard = shard
+        """The slice of every split layer this rank holds (``SINGLE``: the whole model)."""
         self.embed_tokens = _param(
             config.vocab_size, config.hidden_size, dtype=dtype, device=device
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, dtype, device) for i in range(config.num_hidden_layers)
+            DecoderLayer(config, i, dtype, device, shard) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.lm_head = (

@@ -4,6 +4,9 @@ A folder holds ``config.json``, ``tokenizer.json`` and ``model.safetensors`` or
 ``model.safetensors.index.json`` with the shards it names; a missing one is a
 ``CheckpointError`` naming it, before any weight is read. Weights are read tensor by tensor
 into the parameters (``engine.model.safetensors_file``), never as a whole second copy.
+
+A tensor-parallel rank (``shard``) loads its slice of each split tensor (``split_dim``):
+the whole tensor is read, then its slice copied, one tensor at a time.
 """
 
 from __future__ import annotations
@@ -19,11 +22,16 @@ from engine.errors import CheckpointError
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
 from engine.model.safetensors_file import SafetensorsFile
+from engine.parallel.shard import SINGLE, Shard
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+SPLIT_DIMS = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "gate_proj": 0, "up_proj": 0}
+"""Column-parallel projections: a rank takes its rows (weight and bias)."""
+ROW_PARALLEL = ("o_proj", "down_proj")
+"""Row-parallel projections: a rank takes its columns of the weight; the bias stays whole."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,16 +72,23 @@ def checkpoint_files(path: str | Path) -> CheckpointFiles:
     return CheckpointFiles(config, tokenizer, weights)
 
 
-def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+def load_model(
+    path: str | Path, dtype: torch.dtype, device: torch.device, shard: Shard = SINGLE
+) -> LlamaForCausalLM:
     files = checkpoint_files(path)
-    model = LlamaForCausalLM(ModelConfig.from_dir(path), dtype, device)
+    model = LlamaForCausalLM(ModelConfig.from_dir(path), dtype, device, shard)
     targets = WeightTargets(model)
     for file in files.weights:
         with SafetensorsFile(file) as weights:
             for entry in weights.entries:
                 dst = targets.destination(entry.name, file)
-                if dst is not None:
+                if dst is None:
+                    continue
+                dim = split_dim(entry.name) if shard.parallel else None
+                if dim is None:
                     weights.read_into(entry, dst)
+                else:
+                    _copy(entry.name, dst, shard.narrow(weights.read(entry), dim), file)
     targets.check_complete(Path(path))
     return model.eval()
 
@@ -83,10 +98,11 @@ def build_model(
     tensors: Iterable[tuple[str, torch.Tensor]],
     dtype: torch.dtype,
     device: torch.device,
+    shard: Shard = SINGLE,
 ) -> LlamaForCausalLM:
     """The decoder for ``config`` with its weights copied in from HF-named ``tensors`` made in
     memory (``engine.builder.RandomWeights``); files go through ``load_model``."""
-    model = LlamaForCausalLM(config, dtype, device)
+    model = LlamaForCausalLM(config, dtype, device, shard)
     load_weights(model, tensors)
     return model.eval()
 
@@ -94,18 +110,34 @@ def build_model(
 def load_weights(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Copy HF-named tensors into the model, fusing q/k/v and gate/up as they arrive."""
     targets = WeightTargets(model)
-    with torch.no_grad():
-        for name, tensor in tensors:
-            dst = targets.destination(name, "tensors")
-            if dst is None:
-                continue
-            if dst.shape != tensor.shape:
-                raise CheckpointError(
-                    f"{name}: expected shape {tuple(dst.shape)}, got {tuple(tensor.shape)}",
-                    "tensors",
-                )
-            dst.copy_(tensor)
+    shard = model.shard
+    for name, tensor in tensors:
+        dst = targets.destination(name, "tensors")
+        if dst is None:
+            continue
+        dim = split_dim(name) if shard.parallel else None
+        _copy(name, dst, tensor if dim is None else shard.narrow(tensor, dim), "tensors")
     targets.check_complete(Path("tensors"))
+
+
+def split_dim(name: str) -> int | None:
+    """The dimension a tensor-parallel rank slices ``name`` along; None: whole on every rank."""
+    parts = name.split(".")
+    if len(parts) < 6 or parts[3] not in ("self_attn", "mlp"):
+        return None
+    proj, kind = parts[4], parts[-1]
+    if proj in SPLIT_DIMS:
+        return SPLIT_DIMS[proj]
+    return 1 if proj in ROW_PARALLEL and kind == "weight" else None
+
+
+def _copy(name: str, dst: torch.Tensor, tensor: torch.Tensor, where: str | Path) -> None:
+    if dst.shape != tensor.shape:
+        raise CheckpointError(
+            f"{name}: expected shape {tuple(dst.shape)}, got {tuple(tensor.shape)}", where
+        )
+    with torch.no_grad():
+        dst.copy_(tensor)
 
 
 class WeightTargets:
@@ -114,12 +146,12 @@ class WeightTargets:
 
     def __init__(self, model: LlamaForCausalLM) -> None:
         self.model = model
-        config = model.config
-        q_size = config.num_attention_heads * config.head_dim
-        kv_size = config.num_key_value_heads * config.head_dim
+        config, shard = model.config, model.shard
+        q_size = shard.part(config.num_attention_heads) * config.head_dim
+        kv_size = shard.part(config.num_key_value_heads) * config.head_dim
         self.qkv_rows = {"q_proj": (0, q_size), "k_proj": (q_size, kv_size)}
         self.qkv_rows["v_proj"] = (q_size + kv_size, kv_size)
-        inter = config.intermediate_size
+        inter = shard.part(config.intermediate_size)
         self.mlp_rows = {"gate_proj": (0, inter), "up_proj": (inter, inter)}
         self.seen: set[str] = set()
 
