@@ -219,7 +219,8 @@ class ChatChunkChoice(BaseModel):
 class ChatCompletionChunk(BaseModel):
     """One server-sent event of a streamed answer: each choice's first carries
     ``delta.role``; the last of each its ``finish_reason``; with
-    ``stream_options.include_usage``, a last chunk with no choices carries ``usage``."""
+    ``stream_options.include_usage``, a last chunk with no choices carries ``usage`` (and
+    with ``continuous_usage_stats`` every chunk its choice's usage so far)."""
 
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"

@@ -69,7 +69,14 @@ def _valid_unicode(value: str, field: str) -> str:
 
 
 class StreamOptions(BaseModel):
-    include_usage: StrictBool = False
+    include_usage: StrictBool = Field(
+        False, description="A last chunk, with no choices, carries the request's usage."
+    )
+    continuous_usage_stats: StrictBool = Field(
+        False,
+        description="vLLM's extension, with include_usage: every chunk also carries its "
+        "choice's usage so far (load testers such as guidellm ask for it).",
+    )
 
 
 TextPrompt = Annotated[StrictStr, Field(min_length=1)]

@@ -46,9 +46,33 @@ def check_model(model: str | None, served: str) -> None:
         )
 
 
-def wants_usage(stream_options: StreamOptions | None) -> bool:
-    """``stream_options.include_usage``: a last chunk with the usage and no choices."""
-    return stream_options is not None and stream_options.include_usage
+@dataclass(frozen=True)
+class StreamUsage:
+    """The usage a stream carries (``stream_options``): with ``include_usage`` a last chunk
+    with no choices and the whole request's usage; with vLLM's ``continuous_usage_stats`` as
+    well, every chunk its choice's usage so far (the role chunks none yet), as vLLM sends it
+    and load testers such as guidellm ask for it."""
+
+    final: bool
+    continuous: bool
+    prompt_tokens: int
+
+    @classmethod
+    def of(cls, options: StreamOptions | None, prompt_tokens: int) -> StreamUsage:
+        final = options is not None and options.include_usage
+        continuous = final and options is not None and options.continuous_usage_stats
+        return cls(final, continuous, prompt_tokens)
+
+    def so_far(self, completion_tokens: int) -> Usage | None:
+        """A chunk's usage: None unless continuous."""
+        if not self.continuous:
+            return None
+        total = self.prompt_tokens + completion_tokens
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=total,
+        )
 
 
 async def unless_gone(work: Awaitable[T], request: Request) -> T:
@@ -188,6 +212,7 @@ class Answers:
         stream: RequestStream,
         render: ChoiceRender[Choice],
         request: Request,
+        prompt_tokens: int,
         first: Iterable[list[Choice]] = (),
     ) -> BaseModel | StreamingResponse:
         """The whole answer once every choice is done, or its event stream (see ``events``).
@@ -206,9 +231,9 @@ class Answers:
                 usage=usage(last.values()),
             )
         chunk = Chunker[Choice](self.chunk, request_id, created, model)
-        include_usage = wants_usage(body.stream_options)
+        report = StreamUsage.of(body.stream_options, prompt_tokens)
         on_failure = runtime.metrics.count_failed
-        return event_stream(events(stream, chunk, render, include_usage, on_failure, first))
+        return event_stream(events(stream, chunk, render, report, on_failure, first))
 
 
 class Chunker(Generic[Choice]):
@@ -235,23 +260,24 @@ async def events(
     stream: RequestStream,
     chunk: Chunker[Choice],
     render: ChoiceRender[Choice],
-    include_usage: bool,
+    report: StreamUsage,
     on_failure: Callable[[], None],
     first: Iterable[list[Choice]] = (),
 ) -> AsyncIterator[str]:
     """The stream's events: the ``first`` chunks (at once: clients time the first token from
-    the first chunk), each choice's chunks as they come, the usage if asked, ``[DONE]``. An
+    the first chunk), each choice's chunks as they come, the usage if asked (see
+    ``StreamUsage``), ``[DONE]``. An
     engine failure ends it with an error event; a client that goes away aborts the request."""
     last: dict[int, RequestOutput] = {}
     try:
         for choices in first:
-            yield chunk(choices)
+            yield chunk(choices, report.so_far(0))
         async for output in stream:
             last[output.index] = output
             choice = render.chunk(output)
             if choice is not None:
-                yield chunk([choice])
-        if include_usage and last:
+                yield chunk([choice], report.so_far(len(output.token_ids)))
+        if report.final and last:
             yield chunk([], usage(last.values()))
     except (EngineStepError, EngineStopped) as exc:
         on_failure()

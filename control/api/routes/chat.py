@@ -60,7 +60,9 @@ async def create_chat_completion(
         renamed.code = rejection_code(exc)  # type: ignore[attr-defined]
         raise renamed from exc
     render = Render(body, engine)
-    return await ANSWERS.answer(body, request_id, runtime, stream, render, request, render.roles())
+    return await ANSWERS.answer(
+        body, request_id, runtime, stream, render, request, len(token_ids), render.roles()
+    )
 
 
 def _prompt_token_ids(

@@ -41,7 +41,7 @@ async def create_completion(
     request_id = f"cmpl-{uuid.uuid4().hex}"
     stream = runtime.engine.add_request(token_ids, engine_params(body), request_id)
     render = Render(body, engine.tokenizer, token_ids)
-    return await ANSWERS.answer(body, request_id, runtime, stream, render, request)
+    return await ANSWERS.answer(body, request_id, runtime, stream, render, request, len(token_ids))
 
 
 def engine_params(body: CompletionRequest) -> SamplingParams:
