@@ -7,6 +7,10 @@ usual ``if __name__ == "__main__":`` guard), ``join`` waits until each has loade
 and forms the group; ``close`` (``LLM.close``, or at exit) stops them. A worker that dies
 ends the engine: the step in flight fails on its collective (closed socket, or
 ``COLLECTIVE_TIMEOUT_S``) and every later step raises ``TensorParallelError`` at once.
+
+The ranks form torch.distributed's default process group, which a process has one of: one
+tensor-parallel engine per process at a time (a second is refused until the first is closed;
+engines built around the same loaded bundle share its ranks).
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import time
+from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from engine.config import EngineConfig
@@ -37,6 +43,11 @@ class TensorParallelError(RuntimeError):
 class TensorParallelWorld:
     def __init__(self, config: EngineConfig, random_weights: object = None) -> None:
         """Spawn the worker ranks; they start loading their shards at once."""
+        if dist.is_initialized():
+            raise TensorParallelError(
+                "this process already has a torch.distributed process group (another "
+                "tensor-parallel engine still open?): close that LLM first"
+            )
         self.world_size = config.tensor_parallel_size
         self.shard = Shard(0, self.world_size)
         self.store = open_store(0, self.world_size)
@@ -57,6 +68,7 @@ class TensorParallelWorld:
         atexit.register(self.close)
         for process in self.processes:
             process.start()
+        self._sentinels = [p.sentinel for p in self.processes]
 
     @property
     def pids(self) -> list[int]:
@@ -107,14 +119,27 @@ class TensorParallelWorld:
     def _send(self, message: BuildRunner | StepMessage) -> None:
         self.check_alive()
         assert self.messages is not None, "join() first"
-        send(message, self.messages)
+        try:
+            send(message, self.messages)
+        except RuntimeError as exc:  # a rank went away mid-send: name it if it has exited
+            wait(self._sentinels, 1.0)
+            self.check_alive()
+            self.failure = f"a tensor-parallel rank stopped answering ({exc})"
+            raise TensorParallelError(self.failure) from exc
 
     def check_alive(self) -> None:
+        """Raise ``TensorParallelError`` once a worker has exited (or the world was closed).
+
+        A process's sentinel turns readable when it ends, whoever reaps it (``exitcode``
+        alone stays None if something else in the process reaped the child)."""
         if self.failure is None and self.closed:
             self.failure = "the tensor-parallel ranks were stopped (the LLM was closed)"
-        for rank, process in enumerate(self.processes, start=1):
-            if self.failure is None and process.exitcode is not None:
-                self.failure = f"tensor-parallel rank {rank} exited with code {process.exitcode}"
+        if self.failure is None and (ended := wait(self._sentinels, 0)):
+            rank = self._sentinels.index(ended[0]) + 1
+            code = self.processes[rank - 1].exitcode
+            self.failure = f"tensor-parallel rank {rank} exited" + (
+                "" if code is None else f" with code {code}"
+            )
         if self.failure is not None:
             raise TensorParallelError(f"{self.failure}; the engine cannot step without it")
 
@@ -129,8 +154,9 @@ class TensorParallelWorld:
         if self.messages is not None and alive:
             with contextlib.suppress(Exception):  # a worker went away: terminated below
                 send(Stop(), self.messages)
+        wait = STOP_TIMEOUT_S if self.messages is not None else 0.0
         for process in self.processes:
-            process.join(STOP_TIMEOUT_S)
+            process.join(wait)
             if process.exitcode is None:
                 process.terminate()
                 process.join(STOP_TIMEOUT_S)
