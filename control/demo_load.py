@@ -34,6 +34,7 @@ class DemoLoad:
             keep_records=False,
         )
         self._generator = LoadGenerator(config, quiet=True)
+        self._start_rate = rate
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="servedeck-demo-load", daemon=True)
 
@@ -58,6 +59,7 @@ class DemoLoad:
         return DemoLoadView(
             enabled=True,
             rate=generator.rate or 0.0,
+            start_rate=self._start_rate,
             sent=generator.sent,
             completed=generator.completed,
             failed=generator.failed,

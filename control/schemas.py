@@ -630,6 +630,7 @@ class DemoLoadView(BaseModel):
 
     enabled: bool = Field(description="Whether the server was started with --demo-load.")
     rate: float = Field(0.0, description="Requests per second now (0: paused).")
+    start_rate: float = Field(0.0, description="The rate it was started with (--demo-load).")
     sent: int = 0
     completed: int = 0
     failed: int = 0

@@ -59,6 +59,8 @@ class MainScreen(ConsoleScreen):
         super().__init__(read_only)
         self.settings = settings
         self._shown: Snapshot | None = None
+        self._demo_rate: float | None = None
+        """The demo load's rate when this console paused it (resumed at that rate)."""
 
     def compose(self) -> ComposeResult:
         s = self.settings
@@ -164,6 +166,28 @@ class MainScreen(ConsoleScreen):
 
     def action_guardrail(self) -> None:
         self.app.push_screen(GuardrailScreen(self.read_only))
+
+    def action_demo_load(self) -> None:
+        self.run_worker(self._toggle_demo_load(), group="demo_load", exclusive=True)
+
+    async def _toggle_demo_load(self) -> None:
+        """Pause a running demo load, or resume a paused one at the rate it had."""
+        client = self.console.client
+        try:
+            view = await client.demo_load()
+            if not view.enabled:
+                self.notify("No demo load: the server was started without --demo-load")
+                return
+            if view.rate > 0:
+                self._demo_rate = view.rate
+                view = await client.set_demo_load(0.0)
+            else:
+                view = await client.set_demo_load(self._demo_rate or view.start_rate)
+        except ClientError as exc:
+            self.notify(f"Demo load: {exc}", severity="error")
+            return
+        paused = view.rate == 0
+        self.notify("Demo load paused" if paused else f"Demo load at {view.rate:g} requests/s")
 
     def action_reclaim(self) -> None:
         self.run_worker(self._reclaim(), group="reclaim", exclusive=True)

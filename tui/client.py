@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from tui.models import (
     AdminState,
     DecisionList,
+    DemoLoadView,
     GuardrailView,
     HistoryPage,
     JobsView,
@@ -96,6 +97,8 @@ class ConsoleClient(Protocol):
         self, version: int, reason: str, *, if_match: int | None
     ) -> PolicyUpdateResult: ...
     async def reclaim(self) -> ReclaimRun: ...
+    async def demo_load(self) -> DemoLoadView: ...
+    async def set_demo_load(self, rate: float) -> DemoLoadView: ...
     async def schedules(self) -> ScheduleList: ...
     async def guardrail(self) -> GuardrailView: ...
     async def guardrail_decisions(self, limit: int = 10) -> DecisionList: ...
@@ -202,6 +205,14 @@ class HttpClient:
 
     async def reclaim(self) -> ReclaimRun:
         return (await self._call("POST", "/admin/reclaim", ReclaimRun))[0]
+
+    async def demo_load(self) -> DemoLoadView:
+        return (await self._call("GET", "/admin/demo-load", DemoLoadView))[0]
+
+    async def set_demo_load(self, rate: float) -> DemoLoadView:
+        """0 pauses the server's demo load; any other rate resumes it at that rate."""
+        body = {"rate": rate}
+        return (await self._call("PUT", "/admin/demo-load", DemoLoadView, json=body))[0]
 
     async def schedules(self) -> ScheduleList:
         return (await self._call("GET", "/admin/schedules", ScheduleList))[0]

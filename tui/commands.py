@@ -141,6 +141,16 @@ COMMANDS: tuple[Command, ...] = (
         help="Run the KV reclaim sweep now (asks first)",
     ),
     Command(
+        "demo_load",
+        "l",
+        "Demo load",
+        "demo_load",
+        scope="main",
+        mutates=True,
+        help="Pause or resume the demo load (a server started with --demo-load)",
+        show=False,
+    ),
+    Command(
         "dry_run",
         "ctrl+d",
         "Dry run",

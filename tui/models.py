@@ -136,6 +136,18 @@ class Latency(Model):
     e2e: Percentiles = Field(default_factory=Percentiles)
 
 
+class DemoLoadView(Model):
+    """``GET|PUT /admin/demo-load``."""
+
+    enabled: bool = False
+    rate: float = 0.0
+    start_rate: float = 0.0
+    sent: int = 0
+    completed: int = 0
+    failed: int = 0
+    running: bool = False
+
+
 class ReclaimRun(Model):
     at: str | None = None
     trigger: str = "scheduled"

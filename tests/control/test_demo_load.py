@@ -70,7 +70,8 @@ def test_off_unless_asked(tiny_model_dir: Path, tmp_path: Path) -> None:
     try:
         with httpx.Client(base_url=process.url, timeout=30) as http:
             assert demo(http) == {
-                "enabled": False, "rate": 0.0, "sent": 0, "completed": 0, "failed": 0,
+                "enabled": False, "rate": 0.0, "start_rate": 0.0, "sent": 0, "completed": 0,
+                "failed": 0,
                 "running": False,
             }  # fmt: skip
             time.sleep(1.0)
