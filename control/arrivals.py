@@ -80,11 +80,18 @@ class ArrivalLog:
         with self._lock:
             self._arrivals.append(arrival)
 
-    def trace(self, limit: int | None = None) -> list[TraceRequest]:
-        """The most recent ``limit`` arrivals (all when None) as a trace: ordered by arrival,
+    def trace(
+        self, limit: int | None = None, finished_since: float | None = None
+    ) -> list[TraceRequest]:
+        """The most recent ``limit`` arrivals (all when None; with ``finished_since``, only
+        requests that finished after it, engine clock) as a trace: ordered by arrival,
         ``arrived_at`` in seconds after the first of them."""
         with self._lock:
             arrivals = list(self._arrivals)
+        if finished_since is not None:
+            arrivals = [
+                a for a in arrivals if a.finish_time is not None and a.finish_time > finished_since
+            ]
         arrivals.sort(key=lambda a: a.arrival_time)
         if limit is not None:
             arrivals = arrivals[-limit:] if limit > 0 else []

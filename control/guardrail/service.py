@@ -216,7 +216,8 @@ class Guardrail:
                 note = f"waiting: {observed.requests} requests finished in the last {window}"
                 self._note(replace(seen, note=f"{note} ({MIN_REQUESTS} needed)"))
                 return None
-            trace = self._arrivals.trace(self._predictor.max_requests)
+            # The requests the observed figures are of: the load the candidates must carry.
+            trace = self._arrivals.trace(self._predictor.max_requests, now - config.window_s)
             timeout = max(self._predictor.timeout_s, config.interval_s)
             try:
                 [alone] = self._predictor.evaluate(trace, [current], objectives, 1.0, timeout)

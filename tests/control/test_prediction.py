@@ -301,3 +301,15 @@ def test_evaluate_says_why_there_is_no_prediction(predictor: Predictor) -> None:
     with pytest.raises(PredictionUnavailable) as missing:
         none.evaluate(trace, SETTINGS, None)
     assert missing.value.reason == NO_COST_MODEL and NO_TRAFFIC != NO_COST_MODEL
+
+
+def test_trace_of_the_requests_finished_since() -> None:
+    log = ArrivalLog()
+    for arrival, finish in ((10.0, 11.0), (12.0, 20.0), (15.0, 16.0), (18.0, 19.5)):
+        out = output(arrival, 4, 2, "stop")
+        out.metrics.finish_time = finish
+        log.record(out)
+    # the guardrail simulates what it observed: requests that finished after 16.0
+    trace = log.trace(finished_since=16.0)
+    assert [r.arrived_at for r in trace] == [0.0, 6.0]  # arrived 12.0 and 18.0, re-based
+    assert len(log.trace()) == 4
