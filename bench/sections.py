@@ -49,6 +49,33 @@ def mixed_section(runs: list[Run], scale: float) -> list[str]:
         "the continuous policy's.",
         "",
         *table(group, cols),
+        *gather_lines(runs),
+    ]
+
+
+def gather_lines(runs: list[Run]) -> list[str]:
+    """The torch backend's decode re-gathers, continuous on the mixed workload and the
+    100-request bursts (issue 16's goal: at most 5 per 100 decode steps on the mixed one)."""
+    picked = [
+        r
+        for r in runs
+        if r.get("policy") == "continuous"
+        and r.get("regathers_per_100_decode_steps") is not None
+        and (r["workload"] == "mixed" or (r.get("suite") == "burst" and r["concurrency"] == 100))
+    ]
+    if not picked:
+        return []
+    cols = columns(
+        Column("workload", "continuous on", str),
+        Column("decode_steps", "steps with decode rows"),
+        "regathers_per_100_decode_steps",
+        "decode_row_copies",
+    )
+    return [
+        "Decode K/V re-gathers (every row copied afresh from the pool) and row copies (a row "
+        "joining, moving or changed) in the torch backend's kept decode buffers:",
+        "",
+        *table(picked, cols),
     ]
 
 

@@ -104,6 +104,7 @@ class Bench:
             self.factory.kv_bytes_per_token(),
         )
         result = self._result(spec, workload, trace)
+        result |= decode_gather_stats(recorder.inner)
         if spec.replay and trace.shapes:
             bound = replay(recorder.inner, trace.shapes)  # type: ignore[arg-type]
             busy = trace.end - trace.start - trace.idle_skipped_s
@@ -241,6 +242,23 @@ def _summary(result: dict[str, Any]) -> str:
         f"{fmt('output_throughput')} out tok/s, TTFT p50 {fmt('ttft_p50', 1000, ' ms')}, "
         f"p99 {fmt('ttft_p99', 1000, ' ms')}, {fmt('duration_s', 1, ' s')}"
     )
+
+
+def decode_gather_stats(runner: Any) -> dict[str, Any]:
+    """The torch backend's decode re-gathers (every row's K/V copied afresh) and row copies,
+    per run (``kernels.decode_gather``); nothing for another backend."""
+    gathers = getattr(getattr(runner, "attention", None), "gathers", None)
+    if gathers is None:
+        return {}
+    stats = gathers.stats()
+    steps = stats["decode_steps"]
+    return {
+        "decode_steps": steps,
+        "decode_full_gathers": stats["full_gathers"],
+        "decode_row_copies": stats["row_copies"],
+        "decode_regrows": stats["regrows"],
+        "regathers_per_100_decode_steps": 100 * stats["full_gathers"] / steps if steps else None,
+    }
 
 
 def model_path(preset: Preset, model: str | None) -> Path:

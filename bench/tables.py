@@ -58,6 +58,8 @@ COLUMNS: dict[str, Column] = {
         Column("padding_waste", "padding", as_pct),
         Column("preemptions", "preempt"),
         Column("engine_overhead", "overhead", as_pct),
+        Column("regathers_per_100_decode_steps", "re-gathers /100 decode steps", rate),
+        Column("decode_row_copies", "decode row copies"),
         Column("padding_waste_prefill", "prefill padding", as_pct),
         Column("engine_overhead_batch32", "overhead ≥32", as_pct),
         Column("replay_efficiency", "replay eff."),

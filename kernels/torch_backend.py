@@ -1,8 +1,8 @@
 """The torch attention backend: the CPU path (any device torch runs on, no Triton).
 
 It needs the pool stored head-major (``engine.kv_cache.allocate_kv_cache`` does) and owns
-the decode gather buffers (``kernels.decode_gather``): decode rows in length buckets, each
-layer's gather kept across steps while the rows stay the same.
+the decode gather buffers (``kernels.decode_gather``): each decode row keeps a slot in its
+length bucket across steps, so a step copies in only what changed (``gathers.stats()``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from kernels import torch_attention
 from kernels.attention import AttentionBackend, AttentionInputs, AttentionMetadata, build_metadata
-from kernels.decode_gather import DecodeGatherCache, DecodePlan, length_buckets
+from kernels.decode_gather import DecodeGatherCache, DecodePlan
 
 
 @dataclass(slots=True)
@@ -42,9 +42,10 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
                 )
             self.storages.append((k_storage, v_storage))
         if gather_budget_bytes is None:
-            gather_budget_bytes = sum(c.numel() * c.element_size() for c in kv_caches)
+            gather_budget_bytes = 2 * sum(c.numel() * c.element_size() for c in kv_caches)
         self.gathers = DecodeGatherCache(kv_caches, block_size, gather_budget_bytes)
-        """Decode gather buffers; kept per layer across steps up to as many bytes as the pool."""
+        """Decode slot buffers; kept per layer across steps up to twice the pool's bytes (the
+        buckets pad rows to their width and keep headroom)."""
         self._step = 0
 
     def prepare(self, inputs: AttentionInputs) -> TorchAttentionMetadata:
@@ -62,7 +63,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
                 self._step,
                 inputs.decode_seq_ids,
                 tables,
-                length_buckets([len(t) for t in tables]),
+                inputs.decode_seq_lens,
                 new_positions,
             )
         return meta
@@ -73,18 +74,8 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
     def decode(self, layer, query, key, value, meta: TorchAttentionMetadata, scale):
         plan = meta.decode_plan
         assert plan is not None, "decode rows without a decode plan"
-        kept = None
-        if plan.kept_positions is not None:
-            kept = torch_attention.KeptGather(plan.kept_positions, key, value)
         out = torch_attention.decode_attention(
-            query,
-            self.storages[layer],
-            meta.decode_block_tables,
-            meta.decode_seq_lens,
-            scale,
-            plan.buckets,
-            plan.buffers[layer],
-            kept,
+            query, key, value, self.storages[layer], plan.buckets, layer, scale
         )
         if layer == len(self.kv_caches) - 1:
             self.gathers.finished()
