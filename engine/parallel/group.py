@@ -8,8 +8,11 @@ talks on loopback (``GLOO_SOCKET_IFNAME=lo`` unless set). Two groups:
   ``COLLECTIVE_TIMEOUT_S``: a rank that stops answering ends the step with an error, never a
   hang;
 - ``messages``, a gloo group (the batch is host data), carries rank 0's per-step message. A
-  worker waits there between steps for as long as the engine is idle, so its timeout is long
-  (``IDLE_TIMEOUT``); a rank 0 that dies closes its sockets and ends the wait at once.
+  worker waits there between steps for as long as the engine is idle, so its side of the
+  group has a long timeout (``IDLE_TIMEOUT``; a rank 0 that dies closes its sockets and ends
+  the wait at once); rank 0's side has ``COLLECTIVE_TIMEOUT_S`` (a gloo send waits for the
+  receiver, so a stuck worker would otherwise hold rank 0's broadcast forever). A group's
+  timeout is each process's own setting.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ def open_store(rank: int, world_size: int, port: int = 0) -> dist.TCPStore:
 
 def init_group(store: dist.TCPStore, rank: int, world_size: int, device: str) -> dist.ProcessGroup:
     """Join the default group (the forward's collectives) and return the messages group."""
+    timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -60,9 +64,9 @@ def init_group(store: dist.TCPStore, rank: int, world_size: int, device: str) ->
         store=store,
         rank=rank,
         world_size=world_size,
-        timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+        timeout=timeout,
     )
-    return dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    return dist.new_group(backend="gloo", timeout=timeout if rank == 0 else IDLE_TIMEOUT)
 
 
 def close_group() -> None:

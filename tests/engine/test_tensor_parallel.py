@@ -124,6 +124,24 @@ def test_a_worker_that_dies_ends_the_engine_with_an_error(tiny_model_dir):
             assert time.monotonic() - started < 5
 
 
+def test_a_stuck_worker_fails_the_step_after_the_timeout_never_a_hang(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr("engine.parallel.group.COLLECTIVE_TIMEOUT_S", 2.0)
+    with LLM(tiny_model_dir, tensor_parallel_size=2, num_kv_blocks=64) as llm:
+        (worker,) = llm._bundle.parallel.processes
+        os.kill(worker.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(TensorParallelError, match="stopped answering"):
+                llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3))
+            assert time.monotonic() - started < 10
+            started = time.monotonic()
+            with pytest.raises(TensorParallelError, match="stopped answering"):
+                llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3))
+            assert time.monotonic() - started < 1, "a later step waited again"
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
+
+
 def test_ranks_stop_when_the_process_exits_without_close(tiny_model_dir):
     """A plain script that never closes its LLM leaves no rank behind (atexit)."""
     script = (
