@@ -120,6 +120,18 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
         metavar="RATE",
         help=f"send a demo load to itself, RATE requests/s (default {DEMO_LOAD_RATE:g}; off)",
     )
+    add(
+        "--replicas",
+        type=int,
+        help="engine replicas on Ray Serve (pip install 'servedeck[distributed]')",
+    )
+    add("--ray-address", help="Ray instance to join with --replicas (default: a local one)")
+    add("--ray-app-name", help="the Ray Serve application's name (default servedeck)")
+    add("--min-replicas", type=int, help="autoscaling floor (with --max-replicas)")
+    add(
+        "--max-replicas", type=int, help="autoscaling ceiling: Ray Serve scales by ongoing requests"
+    )
+    add("--target-ongoing-requests", type=float, help="autoscaling: requests per replica (8)")
     from control.core.config import ENGINE_SETTINGS, POLICY_OVERRIDES, Settings
 
     for name in SERVER_LIMITS:  # help and default from the setting itself, defined once there
@@ -164,7 +176,21 @@ def _settings(args: argparse.Namespace) -> Settings:
 def cmd_serve(args: argparse.Namespace) -> int:
     from control.server import serve
 
-    return serve(_settings(args))
+    settings = _settings(args)
+    if settings.replicas is not None and not _has_ray():
+        print(
+            "servedeck serve: --replicas runs the engines on Ray Serve, which is not installed:"
+            " pip install 'servedeck[distributed]'",
+            file=sys.stderr,
+        )
+        return 2
+    return serve(settings)
+
+
+def _has_ray() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ray") is not None  # not ray.serve: that imports ray
 
 
 def cmd_up(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from sqlalchemy import Engine
@@ -43,6 +43,9 @@ from engine.engine import LLMEngine
 from engine.outputs import RequestOutput
 from policies.base import PolicySpec
 from policies.registry import validate_params
+
+if TYPE_CHECKING:
+    from control.fleet.fleet import Fleet
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +95,9 @@ class Runtime:
         self.guardrail: Guardrail  # set by load_runtime
         self._apply_lock = threading.Lock()
         self._pending: _Pending | None = None
+        self.fleet: Fleet | None = None
+        """With ``--replicas``: the engine replicas (``engine`` is then their client and
+        ``llm_engine`` this process's idle engine: tokenizer, limits, admission)."""
 
     @property
     def llm_engine(self) -> LLMEngine:
@@ -104,6 +110,8 @@ class Runtime:
         queued and a retry of the same version waits on them."""
         timeout = self.apply_timeout_s if timeout is None else timeout
         with self._apply_lock:
+            if self.fleet is not None:  # every replica acknowledges first (or this raises)
+                self.fleet.apply(settings, version, timeout)
             pending = self._pending
             if pending is None or pending.version != version:
                 self._pending = None
@@ -140,7 +148,7 @@ class Runtime:
     def wait_idle(self, timeout: float) -> bool:
         """Until the engine holds no request (True) or ``timeout`` passed (False)."""
         deadline = time.monotonic() + timeout
-        while self.llm_engine.has_unfinished_requests():
+        while self.llm_engine.has_unfinished_requests() or (self.fleet and self.fleet.in_flight()):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(DRAIN_POLL_S)
@@ -150,6 +158,8 @@ class Runtime:
         self.maintenance.shutdown()
         self.guardrail.close()
         self.engine.shutdown()
+        if self.fleet is not None:
+            self.fleet.close()
         if self.predictor is not None:
             self.predictor.close()
 
@@ -276,9 +286,20 @@ def load_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Run
         settings.prediction_max_requests,
     )
     arrivals = ArrivalLog()
-    engine = AsyncEngine(llm_engine, on_finished=finished_hook(metrics, arrivals))
+    on_finished = finished_hook(metrics, arrivals)
+    engine: Any = AsyncEngine(llm_engine, on_finished=on_finished)
+    fleet = None
+    if settings.replicas is not None:  # the engines run on Ray Serve; this one stays idle
+        from control.fleet.fleet import Fleet
+
+        fleet = Fleet.launch(settings, config, in_force, row.version, engine, on_finished)
+        engine = fleet.engine
     maintenance = Maintenance(
-        llm_engine, db, metrics, in_force.reclaim_interval_s, settings.maintenance_retention
+        fleet or llm_engine,  # type: ignore[arg-type]  # the fleet sweeps every replica
+        db,
+        metrics,
+        in_force.reclaim_interval_s,
+        settings.maintenance_retention,
     )
     watchdog = StallWatchdog(engine, metrics, settings.stall_timeout_s)
     runtime = Runtime(
@@ -292,6 +313,8 @@ def load_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Run
         watchdog,
     )
     runtime.predictor, runtime.arrivals = predictor, arrivals
+    if fleet is not None:
+        fleet.attach(runtime, maintenance)
     runtime.store = PolicyStore(llm_engine.limits, runtime.apply, metrics, overrides)
     state = "failed" if refused else "applied"
     if (row.state, row.state_reason) != (state, refused):  # the newest version is in force now

@@ -121,6 +121,23 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
         description="Requests/s of a demo load the server sends itself (off unless given; "
         "make run passes it).",
     )
+    replicas: int | None = Field(
+        None,
+        ge=1,
+        description="Engine replicas on Ray Serve behind this control plane (needs the "
+        "distributed extra); unset: one engine in this process.",
+    )
+    ray_address: str | None = Field(
+        None, description="Ray instance to join with --replicas (default: start one on loopback)."
+    )
+    ray_app_name: str = Field("servedeck", description="The Ray Serve application's name.")
+    min_replicas: int | None = Field(None, ge=1, description="Autoscaling floor (with max).")
+    max_replicas: int | None = Field(
+        None, ge=1, description="Autoscaling ceiling: set, Ray Serve scales by ongoing requests."
+    )
+    target_ongoing_requests: float = Field(
+        8.0, gt=0, description="Autoscaling: requests in flight per replica Ray Serve aims at."
+    )
     testing: bool = Field(False, description="Expose test-only routes (never in production).")
     log_level: str = "info"
     cors_allow_origins: str | None = Field(

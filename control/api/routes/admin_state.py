@@ -6,7 +6,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from control.api.deps import AdminDep, RuntimeDep, SessionDep
-from control.schemas import ADMIN_ERRORS, AdminState
+from control.fleet.schemas import AdminState, ReplicaTotals
+from control.schemas import ADMIN_ERRORS
 from engine.kv_stats import KVIntegrity
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS)
@@ -15,11 +16,14 @@ router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], res
 @router.get("/state", response_model=AdminState)
 def get_state(runtime: RuntimeDep, session: SessionDep) -> AdminState:
     snap = runtime.llm_engine.snapshot()
+    replicas = runtime.fleet.views() if runtime.fleet is not None else []
     # The snapshot's fields by name (its own reclaim log is replaced by the recorded sweeps).
     return AdminState(
         **{name: getattr(snap, name) for name in AdminState.model_fields if hasattr(snap, name)},
         version=runtime.version,
         recent_reclaims=runtime.maintenance.last_runs(session),
+        replicas=replicas,
+        replica_totals=ReplicaTotals.of(replicas) if runtime.fleet is not None else None,
     )
 
 

@@ -1,0 +1,187 @@
+"""The deployment handle as the routes' engine (imports ray).
+
+``FleetEngine`` stands where ``AsyncEngine`` stands in a single-engine server: the routes call
+``add_request`` and read an async stream of ``RequestOutput``. Admission is checked here first
+(the control plane holds an idle engine of the same config: tokenizer, limits), so a refusal is
+still a 400 before any stream starts. The stream asks every replica for its cached prefix of the
+prompt (when prefix caching is on), then calls ``generate`` through the handle, whose
+``FleetRouter`` picks the replica. A replica that dies mid-request ends the stream with
+``EngineStopped`` naming it, never a hang; the others keep serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ray import exceptions as ray_exceptions
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from control.fleet.registry import router_of
+from control.fleet.router import TARGET
+from control.fleet.score import RouteHint
+from engine.async_engine import AsyncEngine, EngineStepError, EngineStopped, LoopHealth
+from engine.engine import LLMEngine
+from engine.errors import QueueFull, RequestRejected
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 0.5
+"""How long routing waits for the replicas' prefix-cache answers (then routes without)."""
+PASSED_THROUGH = (RequestRejected, QueueFull, EngineStepError, EngineStopped)
+"""Errors a replica raises that reach the routes as themselves."""
+
+
+class FleetEngine:
+    def __init__(
+        self,
+        handle: DeploymentHandle,
+        deployment: str,
+        front: AsyncEngine,
+        on_finished: Callable[[RequestOutput], None] | None = None,
+    ) -> None:
+        self.handle = handle
+        self.deployment = deployment
+        self.front = front
+        self.on_finished = on_finished
+
+    # -- what AsyncEngine offers the routes ----------------------------------------------
+
+    @property
+    def engine(self) -> LLMEngine:
+        """The control plane's own idle engine: tokenizer, limits, admission checks."""
+        return self.front.engine
+
+    @property
+    def is_running(self) -> bool:
+        return self.front.is_running
+
+    def loop_health(self) -> LoopHealth:
+        return self.front.loop_health()
+
+    def start(self) -> None:
+        self.front.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        self.front.shutdown(timeout)
+
+    def add_request(
+        self, prompt: list[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> FleetStream:
+        if not self.is_running:
+            raise EngineStopped("the control plane is shutting down")
+        params = params or SamplingParams()
+        token_ids = self.engine.tokenize(prompt)
+        self.engine.check_request(token_ids, params)  # RequestRejected now, as a 400
+        return FleetStream(self, token_ids, params, request_id or f"req-{time.time_ns()}")
+
+    # -- fan-out to the replicas ---------------------------------------------------------
+
+    def replica_ids(self) -> list[str]:
+        router = router_of(self.deployment)
+        return router.replica_ids() if router is not None else []
+
+    def call_each(self, method: str, *args: Any, timeout: float) -> dict[str, Any]:
+        """``method`` on every live replica (from a thread, not the event loop): each one's
+        result, or the exception it ended with (``TimeoutError`` after ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        calls = {
+            rid: self.handle.options(method_name=method).remote(*args, **{TARGET: rid})
+            for rid in self.replica_ids()
+        }
+        results: dict[str, Any] = {}
+        for rid, response in calls.items():
+            try:
+                results[rid] = response.result(timeout_s=max(0.01, deadline - time.monotonic()))
+            except Exception as exc:
+                response.cancel()
+                results[rid] = _as_timeout(exc)
+        return results
+
+    async def probe_prefix(self, token_ids: list[int]) -> RouteHint | None:
+        blocks = self.engine.limits.block_size
+        prompt_blocks = (len(token_ids) - 1) // blocks
+        if not self.engine.blocks.enable_prefix_caching or prompt_blocks < 1:
+            return None
+        ids = self.replica_ids()
+        calls = [
+            self.handle.options(method_name="match_prefix").remote(token_ids, **{TARGET: rid})
+            for rid in ids
+        ]
+        done = (
+            await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), PROBE_TIMEOUT_S)
+            if calls
+            else []
+        )
+        hits = {rid: n for rid, n in zip(ids, done, strict=True) if isinstance(n, int)}
+        return RouteHint(prompt_blocks=prompt_blocks, hits=hits)
+
+
+class FleetStream:
+    """One request's outputs from whichever replica the router chose."""
+
+    def __init__(
+        self, fleet: FleetEngine, token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> None:
+        self.fleet = fleet
+        self.request_id = request_id
+        self._args = (token_ids, params, request_id)
+        self._gen: DeploymentResponseGenerator | None = None
+        self._done = False
+
+    def __aiter__(self) -> FleetStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            if self._gen is None:
+                try:
+                    hint = await self.fleet.probe_prefix(self._args[0])
+                except TimeoutError:
+                    hint = None
+                handle = self.fleet.handle.options(stream=True, method_name="generate")
+                self._gen = handle.remote(*self._args, route=hint)
+            output: RequestOutput = await self._gen.__anext__()
+        except StopAsyncIteration:
+            self._done = True
+            raise
+        except Exception as exc:
+            self._done = True
+            raise _public(exc) from None
+        if output.finished and self.fleet.on_finished is not None:
+            try:
+                self.fleet.on_finished(output)
+            except Exception:
+                log.exception("on_finished hook failed")
+        return output
+
+    async def aclose(self) -> None:
+        if not self._done and self._gen is not None:
+            self._gen.cancel()  # the replica's generator is cancelled: it aborts the request
+        self._done = True
+
+
+def _public(exc: BaseException) -> BaseException:
+    """What the routes see of a replica's failure: our own errors as raised there, a dead
+    replica as ``EngineStopped``, anything else as ``EngineStepError`` naming its type."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, PASSED_THROUGH):
+        return cause
+    if isinstance(exc, PASSED_THROUGH):
+        return exc
+    if isinstance(exc, (ray_exceptions.RayActorError, ray_exceptions.ActorUnavailableError)):
+        return EngineStopped("the replica serving this request died; retry the request")
+    return EngineStepError(f"the replica failed: {type(cause or exc).__name__}")
+
+
+def _as_timeout(exc: Exception) -> Exception:
+    if isinstance(exc, (TimeoutError, ray_exceptions.GetTimeoutError)):
+        return TimeoutError("the replica has not answered yet")
+    return exc

@@ -1,0 +1,261 @@
+"""The fleet as the runtime holds it (imports ray): launch on a local or given Ray instance,
+push policy versions to every replica, converge the ones that missed one, sweep each pool,
+and report each replica.
+
+Policy versions: ``Runtime.apply`` calls ``Fleet.apply`` first; it returns once every live
+replica acknowledged the version at its own step boundary (the store marks it ``applied``),
+raises ``TimeoutError`` when one has not within the timeout (``pending``: the store's reconcile
+job retries, and a replica still working on it waits on the same commands), or the replica's
+error (``failed``). The ``fleet_converge`` job (every ``CONVERGE_INTERVAL_S``) reads the
+version each replica reports in its routing stats and pushes the version in force to any
+replica behind it: one Ray restarted, or one partitioned while the change was made.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from control.core.config import Settings
+from control.fleet.local_ray import LocalRay, connect
+from control.fleet.metrics import install
+from control.fleet.replica import EngineReplica, ReplicaReport
+from control.fleet.schemas import ReplicaReclaim, ReplicaView
+from control.fleet.score import ROUTING_STATS_PERIOD_S
+from control.schemas import PolicySettings
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from engine.kv_stats import ReclaimResult
+from engine.snapshot import EngineSnapshot
+
+if TYPE_CHECKING:  # the modules importing ray load once connect() set Ray's environment
+    from control.fleet.client import FleetEngine
+    from control.fleet.router import FleetRouter
+    from control.maintenance import Maintenance
+    from control.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+DEPLOYMENT = "engine"
+CONVERGE_JOB_ID = "fleet_converge"
+CONVERGE_INTERVAL_S = 0.5
+REPORT_TIMEOUT_S = 2.0
+READY_TIMEOUT_S = 120.0
+MAX_ONGOING_PER_REPLICA = 1024
+"""Ray Serve's own cap per replica; the engine's waiting queue (429) is the real bound."""
+
+
+@dataclass
+class Fleet:
+    settings: Settings
+    engine: FleetEngine
+    app_name: str
+    in_force: PolicySettings
+    version: int
+    local: LocalRay | None = None
+    applied_at: float = 0.0
+    """When the last version was acknowledged by every replica (monotonic)."""
+    """The Ray instance this server started (none with ``--ray-address``)."""
+
+    @classmethod
+    def launch(
+        cls,
+        settings: Settings,
+        config: EngineConfig,
+        in_force: PolicySettings,
+        version: int,
+        front: AsyncEngine,
+        on_finished: Any,
+    ) -> Fleet:
+        threads = settings.num_threads or 1
+        most = settings.max_replicas or settings.replicas or 1
+        local = None if settings.ray_address else LocalRay(max(os.cpu_count() or 1, most * threads))
+        try:
+            connect(settings.ray_address or local.address, local)  # type: ignore[union-attr]
+            from ray import serve
+            from ray.serve.config import RequestRouterConfig
+
+            from control.fleet.client import FleetEngine
+            from control.fleet.router import FleetRouter
+
+            serve.start(proxy_location="Disabled")
+            deployment = serve.deployment(EngineReplica).options(
+                name=DEPLOYMENT,
+                max_ongoing_requests=MAX_ONGOING_PER_REPLICA,
+                ray_actor_options={
+                    "num_cpus": threads,
+                    "num_gpus": 1 if config.device.startswith("cuda") else 0,
+                },
+                request_router_config=RequestRouterConfig(
+                    request_router_class=FleetRouter,
+                    request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
+                    request_routing_stats_timeout_s=5,
+                ),
+                health_check_period_s=1,
+                **scaling(settings),
+            )
+            app = deployment.bind(config, in_force.model_dump(mode="json"), version)
+            name = settings.ray_app_name
+            log.info("deploying %s: %s replicas of %s on Ray", name, most, config.model)
+            handle = serve.run(app, name=name, route_prefix=None)
+            fleet = cls(
+                settings,
+                FleetEngine(handle, DEPLOYMENT, front, on_finished),
+                name,
+                in_force,
+                version,
+            )
+            fleet.local = local
+            handle.options(method_name="report").remote().result(timeout_s=READY_TIMEOUT_S)
+        except BaseException:
+            if local is not None:
+                local.stop()
+            raise
+        return fleet
+
+    def router(self) -> FleetRouter | None:
+        from control.fleet.registry import router_of
+
+        return router_of(self.engine.deployment)
+
+    # -- policy versions -----------------------------------------------------------------
+
+    def apply(self, settings: PolicySettings, version: int, timeout: float) -> None:
+        results = self.engine.call_each(
+            "apply", settings.model_dump(mode="json"), version, timeout=timeout
+        )
+        if not results:
+            raise TimeoutError("no replica is up")
+        for replica, result in sorted(results.items()):
+            if isinstance(result, TimeoutError):
+                raise TimeoutError(f"replica {replica} has not taken it yet")
+            if isinstance(result, Exception):
+                raise RuntimeError(f"replica {replica}: {result}") from result
+        self.in_force, self.version = settings, version
+        self.applied_at = time.monotonic()
+
+    def converge(self) -> None:
+        """Push the version in force to every replica that reports another one."""
+        router = self.router()
+        if router is None or time.monotonic() - self.applied_at < 2 * ROUTING_STATS_PERIOD_S:
+            return  # stats older than the last change would show it missing everywhere
+        for replica, load in router.loads().items():
+            if load is not None and load.version is not None and load.version != self.version:
+                log.info(
+                    "replica %s runs version %s: pushing %d", replica, load.version, self.version
+                )
+                self.engine.handle.options(method_name="apply").remote(
+                    self.in_force.model_dump(mode="json"), self.version, replica=replica
+                )
+
+    def attach(self, runtime: Runtime, maintenance: Maintenance) -> None:
+        """Hook into the runtime: versions through ``apply``, the converge job, the metrics."""
+        runtime.fleet = self
+        maintenance.add_job(
+            CONVERGE_JOB_ID,
+            "push the version in force to replicas behind it",
+            self.converge,
+            CONVERGE_INTERVAL_S,
+        )
+        install(runtime.metrics, self.snapshots)
+
+    # -- maintenance and state -----------------------------------------------------------
+
+    def reclaim(self) -> Future[ReclaimResult]:
+        """The sweep on every replica (each records its own run); the fleet's sum for the
+        control plane's record. A replica that fails it fails the run."""
+        future: Future[ReclaimResult] = Future()
+        try:
+            results = self.engine.call_each("reclaim", timeout=REPORT_TIMEOUT_S * 5)
+            errors = [f"{r}: {e}" for r, e in results.items() if isinstance(e, Exception)]
+            if errors:
+                raise RuntimeError("; ".join(errors))
+            runs: list[ReclaimResult] = list(results.values())
+            future.set_result(
+                ReclaimResult(
+                    freed=sum(r.freed for r in runs),
+                    evicted=sum(r.evicted for r in runs),
+                    free_before=sum(r.free_before for r in runs),
+                    free_after=sum(r.free_after for r in runs),
+                    reserve_breached=any(r.reserve_breached for r in runs),
+                    duration_s=max((r.duration_s for r in runs), default=0.0),
+                )
+            )
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+    def reports(self, timeout: float = REPORT_TIMEOUT_S) -> dict[str, ReplicaReport | Exception]:
+        return self.engine.call_each("report", timeout=timeout)
+
+    def snapshots(self) -> dict[str, EngineSnapshot]:
+        return {
+            r: rep.snapshot
+            for r, rep in self.reports(1.0).items()
+            if isinstance(rep, ReplicaReport)
+        }
+
+    def views(self) -> list[ReplicaView]:
+        router = self.router()
+        in_flight = router.in_flight() if router is not None else {}
+        views = []
+        for replica, report in sorted(self.reports().items()):
+            if isinstance(report, Exception):
+                views.append(ReplicaView(replica=replica, up=False, error=str(report)))
+                continue
+            snap, kv = report.snapshot, report.snapshot.kv
+            reclaim = report.last_reclaim
+            views.append(
+                ReplicaView(
+                    replica=replica,
+                    up=True,
+                    pid=report.pid,
+                    version=report.version,
+                    policy=snap.policy.name,
+                    started_at=report.started_at,
+                    waiting=snap.scheduler.waiting,
+                    running=snap.scheduler.running,
+                    in_flight=in_flight.get(replica, 0),
+                    free_blocks=max(0, kv.free + kv.cached - kv.reserved),
+                    kv=kv,
+                    generation_tokens=snap.totals.generation_tokens,
+                    last_reclaim=ReplicaReclaim(**vars(reclaim)) if reclaim else None,
+                )
+            )
+        return views
+
+    def in_flight(self) -> int:
+        router = self.router()
+        return sum(router.in_flight().values()) if router is not None else 0
+
+    def close(self) -> None:
+        import ray
+        from ray import serve
+
+        try:
+            serve.delete(self.app_name)
+        except Exception:
+            log.exception("could not delete the Ray Serve application %s", self.app_name)
+        if self.local is not None:
+            serve.shutdown()
+        ray.shutdown()
+        if self.local is not None:
+            self.local.stop()
+
+
+def scaling(settings: Settings) -> dict[str, Any]:
+    """A fixed number of replicas, or Ray Serve's autoscaling by ongoing requests."""
+    if settings.max_replicas is None:
+        return {"num_replicas": settings.replicas}
+    return {
+        "autoscaling_config": {
+            "min_replicas": settings.min_replicas or 1,
+            "initial_replicas": settings.replicas,
+            "max_replicas": settings.max_replicas,
+            "target_ongoing_requests": settings.target_ongoing_requests,
+        }
+    }

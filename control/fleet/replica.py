@@ -1,0 +1,158 @@
+"""One engine replica: the Ray Serve deployment class (an ``AsyncEngine`` built as
+``control.runtime.load_runtime`` builds one, without the store, schedules or metrics, which
+stay single in the control plane).
+
+Every method but ``generate`` takes a ``replica`` keyword: ``router.FleetRouter`` sends such a
+call to that replica alone, which is how the control plane pushes a policy version, asks for a
+state or a sweep, or probes the prefix cache of each replica. Methods are ``async`` (the engine
+work runs on the engine thread or a worker thread) so the replica's event loop keeps streaming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from control.schemas import PolicySettings
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.kv_stats import ReclaimResult
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+from engine.snapshot import EngineSnapshot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplicaReport:
+    """What a replica says of itself: ``/admin/state``'s entry and the routing inputs."""
+
+    replica: str
+    pid: int
+    version: int | None
+    started_at: float
+    snapshot: EngineSnapshot
+    last_reclaim: ReclaimResult | None
+
+
+def replica_id() -> str:
+    from ray import serve
+
+    return serve.get_replica_context().replica_id.unique_id
+
+
+class EngineReplica:
+    """The deployment's class: ``serve.deployment(EngineReplica)`` in ``runtime.py``."""
+
+    def __init__(self, config: EngineConfig, settings: dict[str, Any], version: int) -> None:
+        """``settings`` and ``version``: the version in force when the fleet was deployed. Ray
+        restarts a dead replica with these same arguments; the control plane's reconcile job
+        then pushes the active version to it (it reports the version it runs)."""
+        in_force = PolicySettings.model_validate(settings)
+        self.id = replica_id()
+        self.engine = LLMEngine.from_config(config)
+        self.engine.set_policy(in_force.policy, version=version).result()
+        self.engine.set_memory_reserve(in_force.memory_reserve).result()
+        self.version: int | None = version
+        self.in_force = in_force
+        self.started_at = time.time()
+        self.last_reclaim: ReclaimResult | None = None
+        self._apply_lock = threading.Lock()
+        self._pending: tuple[int, list[Future]] | None = None
+        self.async_engine = AsyncEngine(self.engine)
+        self.async_engine.start()
+        log.info("replica %s serving with policy version %d", self.id, version)
+
+    # -- requests ------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        route: Any = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """The request's outputs as the engine produces them (``route``: the router's hint)."""
+        stream = self.async_engine.add_request(token_ids, params, request_id)
+        try:
+            async for output in stream:
+                yield output
+        finally:
+            await stream.aclose()  # a cancelled call aborts the request, freeing its blocks
+
+    async def match_prefix(self, token_ids: list[int], replica: str | None = None) -> int:
+        """Blocks of this prompt's prefix cached here (read between steps without waiting for a
+        boundary: a routing hint, never a promise)."""
+        return len(self.engine.blocks.match_prefix(token_ids))
+
+    # -- the control plane's calls -------------------------------------------------------
+
+    async def apply(
+        self, settings: dict[str, Any], version: int, replica: str | None = None
+    ) -> int:
+        """Put a policy version into force at the next step boundary; returns the version. A
+        retry of the version still pending waits on the same commands."""
+        return await asyncio.to_thread(
+            self._apply, PolicySettings.model_validate(settings), version
+        )
+
+    def _apply(self, settings: PolicySettings, version: int) -> int:
+        with self._apply_lock:
+            if self.version == version:
+                return version
+            if self._pending is None or self._pending[0] != version:
+                futures = [self.engine.set_policy(settings.policy, version=version)]
+                if settings.memory_reserve != self.in_force.memory_reserve:
+                    futures.append(self.engine.set_memory_reserve(settings.memory_reserve))
+                self._pending = (version, futures)
+            try:
+                for future in self._pending[1]:
+                    future.result()
+            finally:
+                self._pending = None
+            self.in_force, self.version = settings, version
+        log.info("replica %s: policy version %d in force", self.id, version)
+        return version
+
+    async def report(self, replica: str | None = None) -> ReplicaReport:
+        snapshot = await asyncio.to_thread(self.engine.snapshot)
+        return ReplicaReport(
+            replica=self.id,
+            pid=os.getpid(),
+            version=self.version,
+            started_at=self.started_at,
+            snapshot=snapshot,
+            last_reclaim=self.last_reclaim,
+        )
+
+    async def reclaim(self, replica: str | None = None) -> ReclaimResult:
+        self.last_reclaim = await asyncio.wrap_future(self.engine.reclaim())
+        return self.last_reclaim
+
+    async def record_routing_stats(self) -> dict[str, Any]:
+        """Ray Serve asks this every ``ROUTING_STATS_PERIOD_S``: the router's inputs."""
+
+        def read() -> dict[str, Any]:
+            scheduler, kv = self.engine.policy.snapshot(), self.engine.blocks.stats()
+            return {
+                "waiting": scheduler.waiting,
+                "running": scheduler.running,
+                "free_blocks": max(0, kv.free + kv.cached - kv.reserved),
+                "version": self.version,
+            }
+
+        return await asyncio.wrap_future(self.engine.commands.submit(read))
+
+    def __del__(self) -> None:
+        engine = getattr(self, "async_engine", None)
+        if engine is not None:
+            engine.shutdown()

@@ -1,0 +1,77 @@
+"""``/admin/state`` with a fleet: each replica's version, queues, KV and routing inputs, and
+the totals (plain pydantic, no Ray: the route imports it in every server)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from control import schemas
+from engine.kv_stats import KVStats
+
+
+class ReplicaReclaim(BaseModel):
+    """The replica's last reclaim sweep (each replica sweeps its own pool)."""
+
+    freed: int
+    evicted: int
+    free_before: int
+    free_after: int
+    reserve_breached: bool
+    duration_s: float
+
+
+class ReplicaView(BaseModel):
+    replica: str = Field(description="Ray Serve's replica id.")
+    up: bool = Field(description="It answered this state request.")
+    error: str | None = Field(None, description="Why it did not answer.")
+    pid: int | None = None
+    version: int | None = Field(None, description="The policy version it runs.")
+    policy: str | None = None
+    started_at: float | None = Field(None, description="Unix time its engine started.")
+    waiting: int = 0
+    running: int = 0
+    in_flight: int = Field(0, description="Requests this control plane routed there, not ended.")
+    free_blocks: int = Field(0, description="Free or cached KV blocks above the reserve.")
+    kv: KVStats | None = None
+    generation_tokens: int = 0
+    last_reclaim: ReplicaReclaim | None = None
+
+
+class ReplicaTotals(BaseModel):
+    replicas: int
+    up: int
+    waiting: int
+    running: int
+    free_blocks: int
+    kv_total: int
+    kv_used: int
+    kv_cached: int
+    generation_tokens: int
+    versions: list[int] = Field(description="The distinct policy versions the replicas run.")
+
+    @classmethod
+    def of(cls, views: list[ReplicaView]) -> ReplicaTotals:
+        up = [v for v in views if v.up]
+        return cls(
+            replicas=len(views),
+            up=len(up),
+            waiting=sum(v.waiting for v in up),
+            running=sum(v.running for v in up),
+            free_blocks=sum(v.free_blocks for v in up),
+            kv_total=sum(v.kv.total for v in up if v.kv),
+            kv_used=sum(v.kv.used for v in up if v.kv),
+            kv_cached=sum(v.kv.cached for v in up if v.kv),
+            generation_tokens=sum(v.generation_tokens for v in up),
+            versions=sorted({v.version for v in up if v.version is not None}),
+        )
+
+
+class AdminState(schemas.AdminState):
+    """``/admin/state``. With ``--replicas``, the top-level engine figures are the control
+    plane's own engine (idle: it tokenizes and checks admission); the fleet is in
+    ``replicas`` and ``replica_totals``."""
+
+    replicas: list[ReplicaView] = Field(
+        default_factory=list, description="Each engine replica (with --replicas; else empty)."
+    )
+    replica_totals: ReplicaTotals | None = None
