@@ -4,12 +4,18 @@ Running sequences go first (decodes, then unfinished prefill chunks) under the t
 waiting ones join while ``max_num_seqs``, the budget and the blocks above the reserve allow.
 With chunked prefill a long prompt takes the budget in pieces, so running decodes never stall
 behind it. When the pool runs dry the newest running sequence is preempted (recompute).
+
+Stall-free batching (Sarathi-Serve): a step that carries decodes takes at most
+``max_prefill_tokens`` prefill tokens beside them (running chunks and admissions together), so
+a decode step is never stretched by a full-budget prefill chunk. A step without decodes has no
+stream to protect: its prefill takes the whole token budget (a cap there would only split the
+same prefill into more, slower steps).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -26,18 +32,40 @@ from policies.base import (
     max_wait_field,
 )
 
+DEFAULT_MAX_PREFILL_TOKENS: int | None = None
+"""Chosen from the prefill-budget curve (bench/prefill_budget.py, docs/benchmarks.md)."""
+
 
 class ContinuousParams(PolicyParams):
     caps: ClassVar[dict[str, str]] = {
         "max_num_seqs": "max_num_seqs",
         "max_num_batched_tokens": "max_num_batched_tokens",
+        "max_prefill_tokens": "max_num_batched_tokens",
     }
     max_num_seqs: int | None = MaxNumSeqs
     max_num_batched_tokens: int | None = MaxBatchedTokens
     enable_chunked_prefill: bool = Field(
         True, description="Split long prompts across steps so decodes keep running."
     )
+    max_prefill_tokens: int | None = Field(
+        DEFAULT_MAX_PREFILL_TOKENS,
+        ge=1,
+        le=1 << 20,
+        description=(
+            "Prefill tokens (prompt chunks, admissions included) one step may carry beside "
+            "running decodes; decodes are scheduled first. A step without decodes takes the "
+            "whole token budget. null: no separate cap (the step's token budget only)."
+        ),
+        json_schema_extra={"x-null": "step budget"},
+    )
     max_wait_s: float | None = max_wait_field(DEFAULT_MAX_WAIT_S)
+
+    def effective(self, limits: EngineLimits) -> dict[str, Any]:
+        """A ``null`` prefill cap shows the step budget it stands for (the policy's own)."""
+        params = super().effective(limits)
+        if self.max_prefill_tokens is None:
+            params["max_prefill_tokens"] = params["max_num_batched_tokens"]
+        return params
 
 
 class ContinuousPolicy(SchedulingPolicy):
@@ -55,6 +83,7 @@ class ContinuousPolicy(SchedulingPolicy):
         super().__init__(params, limits, blocks, clock)
         self.max_num_seqs = params.max_num_seqs or limits.max_num_seqs
         self.token_budget = params.max_num_batched_tokens or limits.max_num_batched_tokens
+        self.prefill_cap = min(params.max_prefill_tokens or self.token_budget, self.token_budget)
 
     @property
     def running_cap(self) -> int:
@@ -70,15 +99,27 @@ class ContinuousPolicy(SchedulingPolicy):
     def _plan(self) -> ScheduledBatch:
         batch = ScheduledBatch(mode=self.name)
         budget = self.token_budget
-        for seq in list(self.running):
+        # ``in_prefill`` read inline: this split touches every running sequence each step
+        prefills = [s for s in self.running if len(s.token_ids) - s.num_computed_tokens > 1]
+        for seq in [s for s in self.running if len(s.token_ids) - s.num_computed_tokens <= 1]:
             budget -= self._continue(batch, seq, budget)
-        if not batch.preempted and self._may_admit(budget):
+        room = self._prefill_room(budget)
+        for seq in prefills:
+            room -= self._continue(batch, seq, room)
+        if not batch.preempted and self._may_admit(room):
             for seq in self._admission_order(list(self.waiting)):
-                used = self._try_admit(batch, seq, budget)
+                used = self._try_admit(batch, seq, room)
                 if used is None:
                     break
-                budget -= used
+                room -= used
         return batch
+
+    def _prefill_room(self, budget: int) -> int:
+        """Prefill tokens the step may still take once its decodes are scheduled with
+        ``budget`` left: at most ``prefill_cap`` beside decodes, the whole rest without."""
+        if budget < self.token_budget:  # decodes took some of it
+            return min(budget, self.prefill_cap)
+        return budget
 
     def _continue(
         self, batch: ScheduledBatch, seq: Sequence, budget: int, may_preempt: bool = True

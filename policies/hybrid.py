@@ -5,6 +5,8 @@ latency a single request can get. At or above it the policy batches continuously
 prefills shortest-length-bucket first (``length_window`` wide, first-come within a bucket) so
 short prompts are not stuck behind a very long one. The mode is decided every step.
 Aging (``max_wait_s``) lets a long prompt that waited too long jump the length buckets.
+Batched, a step's prefills beside decodes stay under ``max_prefill_tokens`` as in continuous;
+alone, a request's prefill never shares a step with a decode, so only the token budget holds.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class HybridPolicy(ContinuousPolicy):
             budget -= self._continue(batch, seq, budget)
         if batch.preempted:
             return batch
+        budget = self._prefill_room(budget)  # the step's prefills, running and admitted
         running_prefills = [s for s in self.running if len(s.token_ids) - s.num_computed_tokens > 1]
         if budget <= 0 or not (running_prefills or self._may_admit(budget)):
             return batch  # nothing below could run or be admitted: skip sorting the queue
