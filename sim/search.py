@@ -1,8 +1,9 @@
 """Capacity search: the highest Poisson arrival rate a policy setting serves within an SLO.
 
 DistServe's method on servedeck's own scheduler: for each policy and each setting of a small
-grid (``max_num_seqs``, ``max_num_batched_tokens`` — continuous's and hybrid's step budget,
-which is also how much prefill a step may take — and ``memory_reserve``), binary-search the
+grid (``max_num_seqs``, ``max_num_batched_tokens`` — continuous's and hybrid's step budget —,
+their ``max_prefill_tokens`` — how much prefill a step takes beside decodes — and
+``memory_reserve``), binary-search the
 arrival rate; the simulator runs the real engine at each probe. Every probe replays the same
 requests (same lengths, same exponential draws) with the gaps scaled by ``1 / rate``, so a
 higher rate is the same trace, only denser, and the search is deterministic for a seed.
@@ -22,6 +23,8 @@ from typing import Any
 
 from engine.stats import percentile
 from policies.base import PolicySpec
+from policies.continuous import DEFAULT_MAX_PREFILL_TOKENS
+from policies.registry import POLICIES
 from sim.cost_model import CostModel
 from sim.simulator import SimResult, SimSetup, simulate
 from sim.trace import ARTICLE_INPUT, ARTICLE_OUTPUT, TraceRequest, poisson_trace
@@ -190,15 +193,21 @@ class Grid:
     max_num_seqs: tuple[int, ...] = (64, 256)
     max_num_batched_tokens: tuple[int, ...] = (2048, 8192)
     memory_reserve: tuple[float, ...] = (0.0, 0.10)
+    max_prefill_tokens: tuple[int | None, ...] = (DEFAULT_MAX_PREFILL_TOKENS,)
+    """Tried only by the policies that have the param (None: the step budget only); a value
+    above a setting's step budget is that budget."""
 
     @classmethod
     def of(cls, **lists: str | None) -> Grid:
-        """From comma-separated values per field (``max_num_seqs="64,256"``); None: default."""
+        """From comma-separated values per field (``max_num_seqs="64,256"``, ``null`` for
+        None); a field given None or left out keeps its default."""
         grid = cls()
         for name, text in lists.items():
             if text:
                 kind = float if name == "memory_reserve" else int
-                grid = replace(grid, **{name: tuple(kind(v) for v in text.split(",") if v.strip())})
+                values = [v.strip() for v in text.split(",") if v.strip()]
+                parsed = tuple(None if v in ("null", "none") else kind(v) for v in values)
+                grid = replace(grid, **{name: parsed})
         return grid
 
     def settings(self, base: SimSetup) -> list[SimSetup]:
@@ -210,12 +219,22 @@ class Grid:
             for s, t, m in combos
         ]
 
+    def policy_params(self, policy: str, setup: SimSetup) -> list[dict[str, Any]]:
+        """The grid's own params for ``policy`` at ``setup``: one dict per prefill budget for
+        the policies that have one (each at most the step budget, none twice), else one."""
+        if "max_prefill_tokens" not in POLICIES[policy].params_model.model_fields:
+            return [{}]
+        cap = setup.max_num_batched_tokens
+        budgets = dict.fromkeys(None if b is None else min(b, cap) for b in self.max_prefill_tokens)
+        return [{"max_prefill_tokens": b} for b in budgets]
 
-def spec_for(policy: str, setup: SimSetup) -> PolicySpec:
+
+def spec_for(policy: str, setup: SimSetup, **extra: Any) -> PolicySpec:
     """The policy at the setting's caps: continuous and hybrid take them as their defaults;
-    static and dynamic groups are as large as the engine cap allows."""
+    static and dynamic groups are as large as the engine cap allows. ``extra``: more params
+    (the grid's prefill budget)."""
     params = {"max_batch_size": setup.max_num_seqs} if policy in PADDED_POLICIES else {}
-    return PolicySpec(name=policy, params=params)  # type: ignore[arg-type]
+    return PolicySpec(name=policy, params={**params, **extra})  # type: ignore[arg-type]
 
 
 @dataclass(slots=True)
@@ -265,15 +284,17 @@ def search(
     base = base or SimSetup()
     capacities = []
     for policy in policies:
-        for setup in (grid or Grid()).settings(base):
-            spec = spec_for(policy, setup)
+        grid = grid or Grid()
+        for setup in grid.settings(base):
+            for extra in grid.policy_params(policy, setup):
+                spec = spec_for(policy, setup, **extra)
 
-            def probe(rate: float, setup: SimSetup = setup, spec: PolicySpec = spec) -> Probe:
-                trace = trace_at(rate)
-                return judge(simulate(trace, cost_model, spec, setup), len(trace), slo, rate)
+                def probe(rate: float, setup: SimSetup = setup, spec: PolicySpec = spec) -> Probe:
+                    trace = trace_at(rate)
+                    return judge(simulate(trace, cost_model, spec, setup), len(trace), slo, rate)
 
-            best, probes = max_rate(probe, start_rate, rel_tol)
-            capacities.append(Capacity(policy, setup, spec, best, probes))
+                best, probes = max_rate(probe, start_rate, rel_tol)
+                capacities.append(Capacity(policy, setup, spec, best, probes))
     return SearchResult(slo, cost_model.name, capacities)
 
 
@@ -281,12 +302,20 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else ("inf" if math.isinf(value) else f"{value * 1e3:.0f}")
 
 
+def _prefill(spec: PolicySpec) -> str:
+    """The prefill budget column: '-' for a policy without one, 'step' for null."""
+    if "max_prefill_tokens" not in spec.params:
+        return "-"
+    value = spec.params["max_prefill_tokens"]
+    return "step" if value is None else str(value)
+
+
 def format_search(result: SearchResult) -> str:
     """The table of every setting and, per policy, the recommended one (a prediction)."""
     keys = [f"{t.metric}_p{t.percentile:g}" for t in result.slo.targets]
     lines = [
         f"capacity search: SLO {result.slo} on {result.cost_model} (predicted, not measured)",
-        f"{'policy':<11}{'max_num_seqs':>13}{'batched_tok':>12}{'reserve':>8}"
+        f"{'policy':<11}{'max_num_seqs':>13}{'batched_tok':>12}{'prefill':>8}{'reserve':>8}"
         f"{'rate/s':>9}{'out tok/s':>10}{'attained':>9}"
         + "".join(f"{k + ' ms':>13}" for k in keys),
     ]
@@ -294,6 +323,7 @@ def format_search(result: SearchResult) -> str:
         b = c.best
         lines.append(
             f"{c.policy:<11}{c.setup.max_num_seqs:>13}{c.setup.max_num_batched_tokens:>12}"
+            f"{_prefill(c.spec):>8}"
             f"{c.setup.memory_reserve:>8.2f}{c.rate:>9.3g}"
             f"{(b.output_tok_s if b else 0):>10.0f}{(b.attained if b else 0):>9.1%}"
             + "".join(f"{_ms(b.observed.get(k) if b else None):>13}" for k in keys)

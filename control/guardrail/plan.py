@@ -45,7 +45,13 @@ __all__ = [
     "within",
 ]
 
-PARAM_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "single_request_below", "max_wait_s")
+PARAM_KNOBS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_prefill_tokens",
+    "single_request_below",
+    "max_wait_s",
+)
 """The policy params the guardrail may move (where the policy has them and bounds are set)."""
 NO_MARGIN = -1.0
 """The margin of a prediction with no figure to compare (as far off as a figure twice the

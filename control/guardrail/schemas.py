@@ -70,6 +70,9 @@ class KnobBounds(_Strict):
     )
     max_num_seqs: IntRange | None = Field(None, description="e.g. 16-256 (≤ the engine cap).")
     max_num_batched_tokens: IntRange | None = Field(None, description="The step's token budget.")
+    max_prefill_tokens: IntRange | None = Field(
+        None, description="Prefill tokens a step carries beside decodes (≤ the step budget cap)."
+    )
     single_request_below: IntRange | None = Field(None, description="Hybrid's threshold, 1-8.")
     max_wait_s: FloatRange | None = Field(None, description="The aging bound, seconds.")
     memory_reserve: ReserveRange | None = Field(None, description="e.g. 0.10-0.15.")
