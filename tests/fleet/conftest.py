@@ -1,0 +1,77 @@
+"""Fleet tests: one Ray instance per test session (loopback, token auth, usage stats off) and
+one 2-replica server on it (tiny model, one thread per replica).
+
+Skipped when ray is not importable, except with ``CI=true`` and ``SERVEDECK_REQUIRE_RAY=1``,
+where a missing ray fails them."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.control.support import TOKEN, ServerProcess
+
+REPLICAS = 2
+
+
+def ray_required() -> bool:
+    return os.environ.get("CI") == "true" and os.environ.get("SERVEDECK_REQUIRE_RAY") == "1"
+
+
+@pytest.fixture(scope="session")
+def ray_instance() -> Iterator[str]:
+    """The session's Ray instance: its address."""
+    if importlib.util.find_spec("ray") is None:
+        if ray_required():
+            pytest.fail("ray is required here (CI=true, SERVEDECK_REQUIRE_RAY=1)")
+        pytest.skip("ray is not installed (pip install 'servedeck[distributed]')")
+    from control.fleet.local_ray import LocalRay, connect
+
+    local = LocalRay(num_cpus=4)
+    try:
+        connect(local.address, local)  # until it answers; then this process leaves it
+        import ray
+
+        ray.shutdown()
+        yield local.address
+    finally:
+        local.stop()
+
+
+@pytest.fixture(scope="session")
+def fleet_server(
+    ray_instance: str, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    from control.fleet.local_ray import LOCAL_ENV
+
+    server = ServerProcess(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("fleet-server"),
+        [
+            "--admin-token",
+            TOKEN,
+            "--replicas",
+            str(REPLICAS),
+            "--ray-address",
+            ray_instance,
+            "--served-model-name",
+            "tiny",
+            "--reclaim-interval-s",
+            "1",
+        ],
+        dict(LOCAL_ENV),
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def fleet(fleet_server: ServerProcess) -> Iterator[httpx.Client]:
+    with fleet_server.client() as http:
+        yield http

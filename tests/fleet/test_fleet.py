@@ -1,0 +1,133 @@
+"""Two engine replicas on Ray Serve behind one control plane (a real server, real replicas,
+the tiny model): versions reach both, a prefix lands where it is cached, greedy output equals
+one engine's, and a killed replica comes back while the endpoint keeps answering."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.control.support import set_settings, sse_events, state, wait_for
+from tests.fleet.conftest import REPLICAS
+
+
+def replicas(http: httpx.Client) -> dict[str, dict[str, Any]]:
+    return {r["replica"]: r for r in state(http)["replicas"]}
+
+
+def generated(http: httpx.Client) -> dict[str, int]:
+    return {rid: r["generation_tokens"] for rid, r in replicas(http).items()}
+
+
+def complete(http: httpx.Client, prompt: Any, max_tokens: int = 4) -> dict[str, Any]:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    response = http.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def served_by(http: httpx.Client, prompt: list[int]) -> str:
+    """The replica whose generated-token count grew by this request's tokens."""
+    before = generated(http)
+    complete(http, prompt)
+    after = generated(http)
+    (replica,) = [rid for rid in after if after[rid] - before.get(rid, 0) == 4]
+    return replica
+
+
+def test_state_shows_each_replica_and_the_totals(fleet: httpx.Client) -> None:
+    body = state(fleet)
+    assert len(body["replicas"]) == REPLICAS
+    assert all(r["up"] and r["version"] == body["version"] for r in body["replicas"])
+    totals = body["replica_totals"]
+    assert totals["replicas"] == totals["up"] == REPLICAS
+    assert totals["kv_total"] == sum(r["kv"]["total"] for r in body["replicas"])
+    metrics = fleet.get("/metrics").text
+    for rid in replicas(fleet):
+        assert f'servedeck_requests_running{{replica="{rid}"}}' in metrics
+
+
+def test_a_policy_change_reaches_every_replica_within_a_second(fleet: httpx.Client) -> None:
+    result = set_settings(fleet, policy={"name": "hybrid", "params": {}})
+    changed = time.monotonic()
+    assert result["status"]["state"] == "applied", result
+    version = result["version"]
+    seen = wait_for(
+        lambda: [r for r in replicas(fleet).values() if r["version"] == version], timeout=1.0
+    )
+    assert len(seen) == REPLICAS and time.monotonic() - changed < 1.0
+    assert {r["policy"] for r in seen} == {"hybrid"}
+    set_settings(fleet, policy={"name": "continuous", "params": {}})
+
+
+def test_a_long_shared_prefix_lands_on_the_replica_caching_it(fleet: httpx.Client) -> None:
+    for start in (10, 300, 600):
+        prefix = list(range(start, start + 96))  # six full blocks of 16
+        home = served_by(fleet, [*prefix, 1])
+        for tail in (2, 3, 4):
+            assert served_by(fleet, [*prefix, tail]) == home
+
+
+def test_greedy_output_equals_one_engines(fleet: httpx.Client, tiny_model_dir: Path) -> None:
+    from engine.llm import LLM
+    from engine.sampling_params import SamplingParams
+
+    prompts = ["hello world", "the quick brown fox", "servedeck scales out"]
+    llm = LLM(str(tiny_model_dir), device="cpu", dtype="float32", num_kv_blocks=128)
+    expected = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0))
+    for prompt, one in zip(prompts, expected, strict=True):
+        assert complete(fleet, prompt, 12)["choices"][0]["text"] == one.text
+
+
+def _stream(url: str, results: list[Any]) -> None:
+    body = {"prompt": "a long one", "max_tokens": 600, "ignore_eos": True, "stream": True}
+    started = time.monotonic()
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as response:
+        events = sse_events(list(response.iter_lines()))
+    results.append((events, time.monotonic() - started))
+
+
+def test_a_killed_replica_comes_back_and_the_endpoint_keeps_answering(
+    fleet: httpx.Client, fleet_server: Any
+) -> None:
+    before = replicas(fleet)
+    version = state(fleet)["version"]
+    results: list[Any] = []
+    threads = [
+        threading.Thread(target=_stream, args=(fleet_server.url, results)) for _ in range(REPLICAS)
+    ]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: sum(r["running"] for r in replicas(fleet).values()) == REPLICAS, 10)
+    victim = next(r for r in replicas(fleet).values() if r["running"])
+    os.kill(victim["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    answered = 0
+    while time.monotonic() - killed < 60:
+        complete(fleet, "still there?", 2)  # 200 every time, the survivor serves it
+        answered += 1
+        now = replicas(fleet)
+        back = [r for rid, r in now.items() if rid not in before and r["up"]]
+        if len(now) == REPLICAS and back and back[0]["version"] == version:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"no replacement replica with version {version} within 60 s: {now}")
+    for thread in threads:
+        thread.join(60)
+    assert answered >= 1 and len(results) == REPLICAS
+    errors = [e for events, _ in results for e in events if isinstance(e, dict) and "error" in e]
+    finished = [
+        events
+        for events, _ in results
+        if not any("error" in e for e in events[:-1] if isinstance(e, dict))
+    ]
+    assert len(errors) == 1 and "replica" in errors[0]["error"]["message"], results
+    assert len(finished) == 1  # the survivor's request ran to the end
