@@ -167,11 +167,28 @@ def _plot_links(images: Sequence[Path], relative_to: Path) -> list[str]:
     return out
 
 
+KEPT_MARKER = "<!-- sections below are kept when this page is re-rendered -->"
+"""In a rendered page, everything from this line on (sections written by hand or by other
+tools: loading memory, load testers, ...) survives ``render_document``."""
+
+
+def kept_tail(target: Path) -> str:
+    """The part of an existing page from ``KEPT_MARKER`` on ("" when absent)."""
+    if not target.exists():
+        return ""
+    text = target.read_text()
+    at = text.find(KEPT_MARKER)
+    return text[at:] if at >= 0 else ""
+
+
 def render_document(results: Path, target: Path, command: str, notes: str = "") -> None:
-    """Re-render a saved run's markdown (docs/benchmarks.md, say), plots linked relatively."""
+    """Re-render a saved run's markdown (docs/benchmarks.md, say), plots linked relatively;
+    the page's sections from ``KEPT_MARKER`` on are kept as they are."""
     doc = json.loads(results.read_text())
     images = sorted(results.parent.glob("*.png"))
-    target.write_text(render_markdown(doc, command, _plot_links(images, target.parent), notes))
+    page = render_markdown(doc, command, _plot_links(images, target.parent), notes)
+    tail = kept_tail(target) or KEPT_MARKER + "\n"
+    target.write_text(page.rstrip("\n") + "\n\n" + tail)
 
 
 if __name__ == "__main__":

@@ -135,14 +135,17 @@ def copy_rate(megabytes: int = 256) -> float:
     return src.numel() * 4 / _median_time(lambda: dst.copy_(src), 5)
 
 
-def breakdown(runner, batch: ScheduledBatch) -> dict[str, float]:
-    """Self CPU seconds per table row, from ``torch.profiler`` over one execution."""
+def breakdown(runner, batch: ScheduledBatch) -> tuple[dict[str, float], dict[str, float]]:
+    """Self CPU seconds per table row, and of the costliest ops, from ``torch.profiler`` over
+    one execution."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         runner.execute(batch)
     rows: dict[str, float] = defaultdict(float)
-    for event in prof.key_averages():
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    top = {e.key: e.self_cpu_time_total / 1e6 for e in events[:15]}
+    for event in events:
         name, seconds = event.key, event.self_cpu_time_total / 1e6
         for label, fragments in CATEGORIES:
             if any(f in name for f in fragments):
@@ -153,7 +156,7 @@ def breakdown(runner, batch: ScheduledBatch) -> dict[str, float]:
                 rows["norms, rope, activations"] += seconds
             else:
                 rows["packing, dtype, allocation, other"] += seconds
-    return dict(rows)
+    return dict(rows), top
 
 
 def profile_step(kind: str, runner, batch: ScheduledBatch, rate: float, reps: int) -> dict:
@@ -182,7 +185,7 @@ def profile_step(kind: str, runner, batch: ScheduledBatch, rate: float, reps: in
         kv_bytes = sum(contexts) * 2 * kv_heads * dim * 4 * layers
         bound_s = kv_bytes / rate
         bound = {"kv_bytes": kv_bytes, "copy_rate_bytes_per_s": rate}
-    parts = breakdown(runner, batch)
+    parts, top = breakdown(runner, batch)
     stats = getattr(runner.attention, "stats", None)
     return {
         "kind": kind,
@@ -198,6 +201,7 @@ def profile_step(kind: str, runner, batch: ScheduledBatch, rate: float, reps: in
         **bound,
         "ratio": step_s / (weights_s + bound_s),
         "profile_self_s": parts,
+        "top_ops_self_s": top,
         "gather_stats": stats() if callable(stats) else None,
     }
 
