@@ -49,6 +49,14 @@ class TensorParallelWorld:
                 "tensor-parallel engine still open?): close that LLM first"
             )
         self.world_size = config.tensor_parallel_size
+        device = torch.device(config.device)
+        if device.type == "cuda" and (device.index or 0) + self.world_size > (
+            count := torch.cuda.device_count()
+        ):
+            raise ValueError(
+                f"tensor_parallel_size={self.world_size} needs {self.world_size} GPUs from "
+                f"{device}, one per rank; this machine has {count}"
+            )
         self.shard = Shard(0, self.world_size)
         self.store = open_store(0, self.world_size)
         self.failure: str | None = None
