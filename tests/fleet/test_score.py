@@ -1,4 +1,4 @@
-"""The router's score (control/fleet/score.py): plain Python, no Ray needed."""
+"""The router's score (control/fleet/score.py) and the autoscaling options: no Ray needed."""
 
 from __future__ import annotations
 
@@ -40,3 +40,21 @@ def test_power_of_two_choices_without_stats_or_hint() -> None:
             assert first[-1] == "a"  # the longer queue second
     full = {"a": ReplicaLoad(), "b": ReplicaLoad()}
     assert sorted(rank(["a", "b"], full, {}, None, rng)[0]) == ["a", "b"]
+
+
+def test_autoscaling_by_ongoing_requests_only_with_a_ceiling() -> None:
+    from control.core.config import Settings
+    from control.fleet.fleet import scaling
+
+    assert scaling(Settings(replicas=3)) == {"num_replicas": 3}
+    config = scaling(
+        Settings(replicas=2, min_replicas=1, max_replicas=6, target_ongoing_requests=4)
+    )
+    assert config == {
+        "autoscaling_config": {
+            "min_replicas": 1,
+            "initial_replicas": 2,
+            "max_replicas": 6,
+            "target_ongoing_requests": 4.0,
+        }
+    }
