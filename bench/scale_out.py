@@ -1,7 +1,8 @@
 """Scale-out throughput: one replica with N threads against N replicas with one thread each,
-the same total threads, the same load, in one run on one Ray instance.
+the same total threads, the same load, in one run.
 
-Each arm is a real ``servedeck serve --replicas R --num-threads T`` on the run's Ray instance;
+Each arm is a real ``servedeck serve --replicas R --num-threads T`` (which starts its own local
+Ray instance on loopback and stops it on exit; bench/ does not import control/);
 the load is ``--requests`` completions (random token prompts, greedy, ``ignore_eos``) sent
 ``--concurrency`` at a time over HTTP. The figure is generated tokens / wall time of the load,
 plus request latency percentiles; results go to ``bench/results/scale-out/``.
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
 import tempfile
@@ -81,12 +81,11 @@ def _spread(url: str) -> dict[str, int]:
 
 
 def run_arm(
-    model: Path, address: str, replicas: int, threads: int, args: argparse.Namespace, workdir: Path
+    model: Path, replicas: int, threads: int, args: argparse.Namespace, workdir: Path
 ) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     flags = [
-        "--replicas", str(replicas), "--num-threads", str(threads), "--ray-address", address,
-        "--ray-app-name", f"scale-out-{replicas}x{threads}", "--policy", "continuous",
+        "--replicas", str(replicas), "--num-threads", str(threads), "--policy", "continuous",
     ]  # fmt: skip
     proc, url = start_server(model, workdir, TOKEN, flags)
     try:
@@ -111,27 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
-    from control.fleet.local_ray import LOCAL_ENV, LocalRay, connect
     from engine.checkpoint import init_model
 
     started = time.perf_counter()
     info = describe(args.threads, "cpu")
-    os.environ.update(LOCAL_ENV)  # the servers join this run's Ray instance with its token
     with tempfile.TemporaryDirectory(prefix="scale-out-") as tmp:
         root = Path(tmp)
         model = init_model(root / args.preset, args.preset, seed=0)
-        local = LocalRay(num_cpus=max(os.cpu_count() or 1, args.threads))
-        try:
-            connect(local.address, local)
-            import ray
-
-            ray.shutdown()
-            arms = [
-                run_arm(model, local.address, 1, args.threads, args, root / "one"),
-                run_arm(model, local.address, args.threads, 1, args, root / "many"),
-            ]
-        finally:
-            local.stop()
+        arms = [
+            run_arm(model, 1, args.threads, args, root / "one"),
+            run_arm(model, args.threads, 1, args, root / "many"),
+        ]
     one, many = arms
     report = {
         "what": "throughput: 1 replica x N threads vs N replicas x 1 thread, same load",
