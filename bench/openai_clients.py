@@ -37,15 +37,18 @@ OUT = Path("bench/results/openai-clients")
 ADMIN_TOKEN = "openai-clients-bench"
 RUNS = [("chat", True), ("chat", False), ("completions", True), ("completions", False)]
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-GUIDELLM_METRICS = (
-    ("ttft_p50_ms", "time_to_first_token_ms", "p50"),
-    ("ttft_p99_ms", "time_to_first_token_ms", "p99"),
-    ("tpot_p50_ms", "time_per_output_token_ms", "p50"),
-    ("itl_p50_ms", "inter_token_latency_ms", "p50"),
-    ("e2e_p50_ms", "request_latency", "p50"),
-    ("prompt_tokens_p50", "prompt_token_count", "p50"),
-    ("output_tokens_p50", "output_token_count", "p50"),
-)
+LATENCIES = (("ttft", 50), ("ttft", 99), ("tpot", 50), ("e2e", 50))
+"""The latency percentiles the table shows (``ttft_p50_ms``, ...)."""
+GUIDELLM_METRICS = {
+    "ttft_p50_ms": "time_to_first_token_ms p50",
+    "ttft_p99_ms": "time_to_first_token_ms p99",
+    "tpot_p50_ms": "time_per_output_token_ms p50",
+    "itl_p50_ms": "inter_token_latency_ms p50",
+    "e2e_p50_ms": "request_latency p50",
+    "prompt_tokens_p50": "prompt_token_count p50",
+    "output_tokens_p50": "output_token_count p50",
+}
+"""Our name: guidellm's metric (of its successful requests) and percentile."""
 
 
 def run_guidellm(venv: Path, url: str, model_dir: Path, kind: str, stream: bool, a) -> dict:
@@ -78,7 +81,8 @@ def run_guidellm(venv: Path, url: str, model_dir: Path, kind: str, stream: bool,
         "requests_per_s": metrics["requests_per_second"]["successful"]["mean"],
         "output_tok_per_s": metrics["output_tokens_per_second"]["total"]["mean"],
     }
-    for name, metric, p in GUIDELLM_METRICS:
+    for name, where in GUIDELLM_METRICS.items():
+        metric, p = where.split()
         row[name] = metrics[metric]["successful"]["percentiles"][p]
     if not stream:  # guidellm times no token of a whole answer
         for name in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p50_ms"):
@@ -167,10 +171,7 @@ def run_openai(url: str, model_dir: Path, kind: str, stream: bool, a) -> dict[st
         "usage_reported": len(outputs),
         "requests_per_s": len(results) / wall,
         "output_tok_per_s": sum(outputs) / wall,
-        "ttft_p50_ms": ms("ttft", 50),
-        "ttft_p99_ms": ms("ttft", 99),
-        "tpot_p50_ms": ms("tpot", 50),
-        "e2e_p50_ms": ms("e2e", 50),
+        **{f"{key}_p{p}_ms": ms(key, p) for key, p in LATENCIES},
         "output_tokens_p50": percentile(outputs, 50) if outputs else None,
     }
 
@@ -189,20 +190,14 @@ def run_servedeck_load(url: str, a) -> dict[str, Any]:
             return {"command": command, "failed": done.stderr[-2000:]}
         s = json.loads(out.read_text())
     command[command.index("--json") + 1] = "load.json"
-
-    def ms(key: str) -> float | None:
-        return None if s.get(key) is None else s[key] * 1000
-
+    seconds = {f"{key}_p{p}": s.get(f"{key}_p{p}") for key, p in LATENCIES}
     return {
         "command": command,
         "requests": s["completed"],
         "errors": s["failed"],
         "requests_per_s": s["request_throughput"],
         "output_tok_per_s": s["output_throughput"],
-        "ttft_p50_ms": ms("ttft_p50"),
-        "ttft_p99_ms": ms("ttft_p99"),
-        "tpot_p50_ms": ms("tpot_p50"),
-        "e2e_p50_ms": ms("e2e_p50"),
+        **{f"{name}_ms": None if v is None else v * 1000 for name, v in seconds.items()},
         "console": done.stdout,
     }
 
@@ -233,17 +228,18 @@ def on_fresh_server(model_dir: Path, folder: Path, job):
         stop_server(proc)
 
 
-COLUMNS = (
-    ("requests", "requests", "{:.0f}"),
-    ("errors", "errors", "{:.0f}"),
-    ("ttft_p50_ms", "TTFT p50 (ms)", "{:.0f}"),
-    ("ttft_p99_ms", "TTFT p99 (ms)", "{:.0f}"),
-    ("tpot_p50_ms", "TPOT p50 (ms)", "{:.1f}"),
-    ("e2e_p50_ms", "e2e p50 (ms)", "{:.0f}"),
-    ("requests_per_s", "req/s", "{:.2f}"),
-    ("output_tok_per_s", "output tok/s", "{:.1f}"),
-    ("output_tokens_p50", "usage: output tok/req", "{:.0f}"),
-)
+COLUMNS = {
+    "requests": "{:.0f} requests",
+    "errors": "{:.0f} errors",
+    "ttft_p50_ms": "{:.0f} TTFT p50 (ms)",
+    "ttft_p99_ms": "{:.0f} TTFT p99 (ms)",
+    "tpot_p50_ms": "{:.1f} TPOT p50 (ms)",
+    "e2e_p50_ms": "{:.0f} e2e p50 (ms)",
+    "requests_per_s": "{:.2f} req/s",
+    "output_tok_per_s": "{:.1f} output tok/s",
+    "output_tokens_p50": "{:.0f} usage: output tok/req",
+}
+"""The table's columns: the run's figure, its format and its title."""
 
 
 def write_results(out: Path, versions: dict, settings: dict, runs: list[dict]) -> None:
@@ -262,11 +258,15 @@ def write_results(out: Path, versions: dict, settings: dict, runs: list[dict]) -
         "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
         "Load: " + ", ".join(f"{k} {v}" for k, v in settings.items()) + ".",
         "",
-        "| tool | endpoint | stream | " + " | ".join(c[1] for c in COLUMNS) + " |",
+        "| tool | endpoint | stream | "
+        + " | ".join(c.split(" ", 1)[1] for c in COLUMNS.values())
+        + " |",
         "|---|---|---|" + "---:|" * len(COLUMNS),
     ]
     for run in runs:
-        cells = ["-" if run.get(k) is None else fmt.format(run[k]) for k, _, fmt in COLUMNS]
+        cells = [
+            "-" if run.get(k) is None else c.split()[0].format(run[k]) for k, c in COLUMNS.items()
+        ]
         if "failed" in run:
             cells = ["failed"] + [""] * (len(COLUMNS) - 1)
         lines.append(
