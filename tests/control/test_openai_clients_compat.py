@@ -111,3 +111,15 @@ def test_whole_request_reports_usage(client: httpx.Client, kind: str) -> None:
     answer = response.json()
     assert answer["usage"]["completion_tokens"] == OUTPUT_TOKENS
     assert answer["choices"][0]["finish_reason"] == "length"
+
+
+def test_continuous_usage_counts_each_choice_on_its_own(client: httpx.Client) -> None:
+    """With ``n`` choices a chunk's usage is its own choice's tokens so far (as vLLM counts);
+    the last chunk's usage all of them."""
+    body = as_sent("completion", n=2, max_tokens=5)
+    *chunks, last, _ = streamed(client, "completion", body)
+    seen: dict[int, list[int]] = {0: [], 1: []}
+    for chunk in chunks:
+        seen[chunk["choices"][0]["index"]].append(chunk["usage"]["completion_tokens"])
+    assert seen == {0: [1, 2, 3, 4, 5], 1: [1, 2, 3, 4, 5]}
+    assert last["usage"]["completion_tokens"] == 10
