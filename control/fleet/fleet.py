@@ -24,7 +24,7 @@ from control.core.config import Settings
 from control.fleet.local_ray import LocalRay, connect
 from control.fleet.metrics import install
 from control.fleet.replica import EngineReplica, ReplicaReport
-from control.fleet.schemas import ReplicaReclaim, ReplicaView
+from control.fleet.schemas import ReplicaView
 from control.fleet.score import ROUTING_STATS_PERIOD_S
 from control.schemas import PolicySettings
 from engine.async_engine import AsyncEngine
@@ -202,31 +202,10 @@ class Fleet:
     def views(self) -> list[ReplicaView]:
         router = self.router()
         in_flight = router.in_flight() if router is not None else {}
-        views = []
-        for replica, report in sorted(self.reports().items()):
-            if isinstance(report, Exception):
-                views.append(ReplicaView(replica=replica, up=False, error=str(report)))
-                continue
-            snap, kv = report.snapshot, report.snapshot.kv
-            reclaim = report.last_reclaim
-            views.append(
-                ReplicaView(
-                    replica=replica,
-                    up=True,
-                    pid=report.pid,
-                    version=report.version,
-                    policy=snap.policy.name,
-                    started_at=report.started_at,
-                    waiting=snap.scheduler.waiting,
-                    running=snap.scheduler.running,
-                    in_flight=in_flight.get(replica, 0),
-                    free_blocks=max(0, kv.free + kv.cached - kv.reserved),
-                    kv=kv,
-                    generation_tokens=snap.totals.generation_tokens,
-                    last_reclaim=ReplicaReclaim(**vars(reclaim)) if reclaim else None,
-                )
-            )
-        return views
+        return [
+            ReplicaView.of(replica, report, in_flight.get(replica, 0))
+            for replica, report in sorted(self.reports().items())
+        ]
 
     def in_flight(self) -> int:
         router = self.router()

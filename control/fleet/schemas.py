@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from control import schemas
+from control.fleet.replica import ReplicaReport
 from engine.kv_stats import KVStats
 
 
@@ -35,6 +36,28 @@ class ReplicaView(BaseModel):
     kv: KVStats | None = None
     generation_tokens: int = 0
     last_reclaim: ReplicaReclaim | None = None
+
+    @classmethod
+    def of(cls, replica: str, report: ReplicaReport | Exception, in_flight: int) -> ReplicaView:
+        """A replica's ``report()``, or the error its call ended with (it is then down)."""
+        if isinstance(report, Exception):
+            return cls(replica=replica, up=False, error=str(report))
+        snap, kv, reclaim = report.snapshot, report.snapshot.kv, report.last_reclaim
+        return cls(
+            replica=replica,
+            up=True,
+            pid=report.pid,
+            version=report.version,
+            policy=snap.policy.name,
+            started_at=report.started_at,
+            waiting=snap.scheduler.waiting,
+            running=snap.scheduler.running,
+            in_flight=in_flight,
+            free_blocks=max(0, kv.free + kv.cached - kv.reserved),
+            kv=kv,
+            generation_tokens=snap.totals.generation_tokens,
+            last_reclaim=ReplicaReclaim(**vars(reclaim)) if reclaim else None,
+        )
 
 
 class ReplicaTotals(BaseModel):

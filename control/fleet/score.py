@@ -11,8 +11,12 @@ prompt (``BlockManager.match_prefix``, asked just before routing when prefix cac
 a full hit is worth ``PREFIX_WEIGHT`` queued requests, so a cached prefix wins while queues are
 balanced and loses once its replica is that much busier. A replica whose free KV blocks above
 the reserve cannot hold the prompt's uncached blocks would queue it: it is ranked after every
-replica that can. Replicas without stats yet, and requests without a prompt hint, fall back to
-power-of-two choices (two at random, the shorter queue first).
+replica that can. Every replica within ``TIE_MARGIN`` of the best score shares the first rank:
+Ray Serve sends the request to the one of them with the shortest queue it probes right then
+(the stats lag a burst; without the margin every request of a burst would go to the replica
+the stale stats favour). Two or more such replicas, replicas without stats yet, and requests
+without a prompt hint fall back to power-of-two choices (two at random, then the shorter
+probed queue).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from dataclasses import dataclass
 
 PREFIX_WEIGHT = 2.0
 """A whole prompt found in a replica's prefix cache is worth this many queued requests."""
+TIE_MARGIN = 1.0
+"""Scores closer than this to the best are a tie, settled by the queues Ray Serve probes."""
 ROUTING_STATS_PERIOD_S = 0.5
 """How often Ray Serve asks each replica for its routing stats."""
 
@@ -86,7 +92,8 @@ def rank(
         fits = load.free_blocks >= hint.prompt_blocks - hits
         scored.append((not fits, score(load, in_flight.get(r, 0), hits, hint.prompt_blocks), r))
     scored.sort(key=lambda item: (item[0], item[1]))
-    best = [r for fits, s, r in scored if (fits, s) == scored[0][:2]]
+    top_fits, top_score = scored[0][:2]
+    best = [r for fits, s, r in scored if fits == top_fits and s - top_score < TIE_MARGIN]
     rest = [r for _, _, r in scored if r not in best]
     first = two_choices(best, in_flight, rng) if len(best) > 2 else best
     return [first, rest] if rest else [first]

@@ -58,3 +58,9 @@ def test_autoscaling_by_ongoing_requests_only_with_a_ceiling() -> None:
             "target_ongoing_requests": 4.0,
         }
     }
+
+
+def test_near_scores_share_the_first_rank_for_ray_to_settle_by_probed_queues() -> None:
+    loads = {"a": ReplicaLoad(0, 1, 100), "b": ReplicaLoad(0, 0, 100)}
+    (first,) = rank(["a", "b"], loads, {}, RouteHint(4, {}))
+    assert sorted(first) == ["a", "b"]
