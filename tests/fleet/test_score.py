@@ -62,5 +62,6 @@ def test_autoscaling_by_ongoing_requests_only_with_a_ceiling() -> None:
 
 def test_near_scores_share_the_first_rank_for_ray_to_settle_by_probed_queues() -> None:
     loads = {"a": ReplicaLoad(0, 1, 100), "b": ReplicaLoad(0, 0, 100)}
-    (first,) = rank(["a", "b"], loads, {}, RouteHint(4, {}))
+    (first,) = rank(["a", "b"], loads, {}, RouteHint(4, {"a": 1}))  # 0.5 vs 0
     assert sorted(first) == ["a", "b"]
+    assert rank(["a", "b"], loads, {}, RouteHint(4, {})) == [["b"], ["a"]]  # 1 vs 0
