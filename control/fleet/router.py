@@ -9,6 +9,7 @@ registers itself (``registry.py``) so the fleet client can list the live replica
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
@@ -17,12 +18,16 @@ from control.fleet import registry
 from control.fleet.score import ReplicaLoad, RouteHint, rank
 
 TARGET = "replica"
+PROVISIONAL_S = 5.0
+"""How long a request chosen for a replica counts there before Ray reports it sent."""
 """The keyword that sends a call to one replica."""
 
 
 class FleetRouter(RequestRouter):
     def initialize_state(self, **kwargs) -> None:
         self._in_flight: dict[str, set[str]] = defaultdict(set)
+        self._provisional: dict[str, tuple[str, float]] = {}
+        """Requests chosen for one replica and not yet sent: request id -> (replica, when)."""
 
     # -- what the client reads -----------------------------------------------------------
 
@@ -36,7 +41,14 @@ class FleetRouter(RequestRouter):
         }
 
     def in_flight(self) -> dict[str, int]:
-        return {rid: len(ids) for rid, ids in self._in_flight.items()}
+        counts = {rid: len(ids) for rid, ids in self._in_flight.items()}
+        now = time.monotonic()
+        for request, (rid, at) in list(self._provisional.items()):
+            if now - at > PROVISIONAL_S:  # never sent (cancelled while routing)
+                self._provisional.pop(request, None)
+            else:
+                counts[rid] = counts.get(rid, 0) + 1
+        return counts
 
     # -- Ray Serve's hooks ---------------------------------------------------------------
 
@@ -61,13 +73,19 @@ class FleetRouter(RequestRouter):
         ranks = rank(
             list(by_id), loads, self.in_flight(), hint if isinstance(hint, RouteHint) else None
         )
+        metadata = pending_request.metadata if pending_request is not None else None
+        if ranks and len(ranks[0]) == 1 and metadata and metadata.call_method == "generate":
+            # Counted at once: the other routing tasks of a burst see it before it is sent.
+            self._provisional[metadata.internal_request_id] = (ranks[0][0], time.monotonic())
         return [[by_id[rid] for rid in ids] for ids in ranks]
 
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result
     ) -> None:
         if pending_request.metadata.call_method == "generate":
-            self._in_flight[replica_id.unique_id].add(pending_request.metadata.internal_request_id)
+            request = pending_request.metadata.internal_request_id
+            self._provisional.pop(request, None)
+            self._in_flight[replica_id.unique_id].add(request)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         self._in_flight.get(replica_id.unique_id, set()).discard(internal_request_id)
