@@ -10,7 +10,8 @@ ends the engine: the step in flight fails on its collective (closed socket, or
 
 The ranks form torch.distributed's default process group, which a process has one of: one
 tensor-parallel engine per process at a time (a second is refused until the first is closed;
-engines built around the same loaded bundle share its ranks).
+engines built around the same loaded bundle, one after another as the benchmark does, share
+its ranks: each ``build_runner`` has them build a fresh KV pool, and they serve the latest).
 """
 
 from __future__ import annotations
