@@ -55,14 +55,14 @@ class RunConfig:
     threads: int = 1
     fixed_max_num_seqs: int = 2
     bounds_max_num_seqs: tuple[int, int] = (2, 64)
-    ttft_p99_s: float = 1.0
+    ttft_p99_s: float = 2.0
     interval_s: float = 3.0
     window_s: float = 15.0
     min_change_interval_s: float = 6.0
     phases: tuple[Phase, ...] = (
         Phase("short", 20.0, 4.0, Uniform(16, 64), Uniform(16, 32)),
-        Phase("long burst", 30.0, 6.0, Uniform(400, 700), Uniform(16, 32)),
-        Phase("short again", 20.0, 4.0, Uniform(16, 64), Uniform(16, 32)),
+        Phase("long burst", 30.0, 8.0, Uniform(400, 700), Uniform(64, 128)),
+        Phase("short again", 30.0, 4.0, Uniform(16, 64), Uniform(16, 32)),
     )
     seed: int = 0
 
@@ -105,7 +105,8 @@ def one_run(
 ) -> dict[str, Any]:
     workdir = root / name
     workdir.mkdir()
-    args = ["--num-threads", str(config.threads), "--cost-model", str(calibration)]
+    args = ["--num-threads", str(config.threads), "--cost-model", str(calibration.resolve())]
+    args += ["--prediction-timeout-s", "20", "--prediction-max-requests", "300"]
     proc, url = child_server.start_server(model_dir, workdir, TOKEN, args)
     try:
         with httpx.Client(base_url=url, headers=ADMIN, timeout=60) as http:
@@ -120,12 +121,13 @@ def one_run(
             mode = {"fixed": "off", "shadow": "shadow", "guardrail": "on"}[name]
             http.put("/admin/guardrail", json=guardrail_body(config, mode)).raise_for_status()
             started = time.time()
-            result = run_load(LoadConfig(url=url, trace=trace, duration_s=None))
+            result = run_load(LoadConfig(url=url, trace=trace.resolve(), duration_s=None))
             history = http.get("/admin/policy/history", params={"limit": 100}).json()
+            status = http.get("/admin/guardrail").json()["status"]
             decisions = http.get("/admin/guardrail/decisions", params={"limit": 200}).json()
     finally:
         child_server.stop_server(proc)
-    return summarise(name, config, result, started, history, decisions)
+    return summarise(name, config, result, started, history, decisions) | {"status": status}
 
 
 def summarise(
