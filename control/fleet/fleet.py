@@ -212,6 +212,11 @@ class Fleet:
         return sum(router.in_flight().values()) if router is not None else 0
 
     def close(self) -> None:
+        """A local instance is ended whole (its replicas with it); on a cluster the
+        application is deleted and this driver leaves."""
+        if self.local is not None:
+            self.local.stop()
+            return
         import ray
         from ray import serve
 
@@ -219,11 +224,7 @@ class Fleet:
             serve.delete(self.app_name)
         except Exception:
             log.exception("could not delete the Ray Serve application %s", self.app_name)
-        if self.local is not None:
-            serve.shutdown()
         ray.shutdown()
-        if self.local is not None:
-            self.local.stop()
 
 
 def scaling(settings: Settings) -> dict[str, Any]:

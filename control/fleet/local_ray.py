@@ -3,7 +3,9 @@ its environment once, at import, so ``connect`` sets it first)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +15,7 @@ from pathlib import Path
 
 NAMESPACE = "servedeck"
 CONNECT_TIMEOUT_S = 120.0
+STOP_GRACE_S = 5.0
 LOCAL_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_AUTH_MODE": "token",
@@ -54,17 +57,21 @@ class LocalRay:
         return self.log.read().decode(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        """End the instance: its whole process group (``ray start --block`` does not stop its
+        daemons on SIGTERM), SIGTERM first, SIGKILL after ``STOP_GRACE_S``."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # SIGKILL too: daemons left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(STOP_GRACE_S)
+        self.log.close()
 
 
 def connect(address: str, local: LocalRay | None = None) -> None:
     """Join the Ray instance at ``address`` (retrying while a local one starts)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Ray's C++ handler would end this process 3 s after a SIGTERM; the server drains instead.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     if local is not None:
         os.environ.update(LOCAL_ENV)
     import ray
