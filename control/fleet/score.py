@@ -4,19 +4,20 @@ For a request to replica ``r`` (lower is better)::
 
     score(r) = queue(r) - PREFIX_WEIGHT * hit_blocks(r) / prompt_blocks
 
-``queue`` is ``waiting + running`` from the replica's routing stats, or the requests this
-control plane has routed to it and not yet seen end when that is larger (the stats are up to
-``ROUTING_STATS_PERIOD_S`` old). ``hit_blocks`` is the replica's longest cached prefix for this
-prompt (``BlockManager.match_prefix``, asked just before routing when prefix caching is on);
-a full hit is worth ``PREFIX_WEIGHT`` queued requests, so a cached prefix wins while queues are
+``queue`` is the requests this control plane routed to the replica and has not seen end
+(exact: every request reaches the replicas through it, and one chosen for a single replica
+counts there at once), or, for a replica it has not routed to yet, ``waiting + running`` from
+the replica's routing stats (up to ``ROUTING_STATS_PERIOD_S`` old plus Ray's propagation, which
+a burst outruns). ``hit_blocks`` is the replica's longest cached prefix for this prompt
+(``BlockManager.match_prefix``, asked just before routing when prefix caching is on); a full
+hit is worth ``PREFIX_WEIGHT`` queued requests, so a cached prefix wins while queues are
 balanced and loses once its replica is that much busier. A replica whose free KV blocks above
 the reserve cannot hold the prompt's uncached blocks would queue it: it is ranked after every
 replica that can. Every replica within ``TIE_MARGIN`` of the best score shares the first rank:
 Ray Serve sends the request to the one of them with the shortest queue it probes right then
-(the stats lag a burst; without the margin every request of a burst would go to the replica
-the stale stats favour). Two or more such replicas, replicas without stats yet, and requests
-without a prompt hint fall back to power-of-two choices (two at random, then the shorter
-probed queue).
+(no request waits behind a small difference in score). Two or more such replicas, replicas
+without stats yet, and requests without a prompt hint fall back to power-of-two choices (two
+at random, then the shorter probed queue).
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ class RouteHint:
     """Cached prefix blocks per replica id (absent: unknown, counted as 0)."""
 
 
-def score(load: ReplicaLoad, in_flight: int, hits: int, prompt_blocks: int) -> float:
-    queue = max(load.queue, in_flight)
+def score(load: ReplicaLoad, in_flight: int | None, hits: int, prompt_blocks: int) -> float:
+    queue = load.queue if in_flight is None else in_flight
     return queue - PREFIX_WEIGHT * hits / max(prompt_blocks, 1)
 
 
@@ -90,7 +91,7 @@ def rank(
         assert load is not None
         hits = hint.hits.get(r, 0)
         fits = load.free_blocks >= hint.prompt_blocks - hits
-        scored.append((not fits, score(load, in_flight.get(r, 0), hits, hint.prompt_blocks), r))
+        scored.append((not fits, score(load, in_flight.get(r), hits, hint.prompt_blocks), r))
     scored.sort(key=lambda item: (item[0], item[1]))
     top_fits, top_score = scored[0][:2]
     best = [r for fits, s, r in scored if fits == top_fits and s - top_score < TIE_MARGIN]

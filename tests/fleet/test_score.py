@@ -17,7 +17,8 @@ def test_a_busier_replica_loses_its_prefix_advantage() -> None:
     busy = int(PREFIX_WEIGHT) + 1
     loads = {"a": ReplicaLoad(0, 0, 100), "b": ReplicaLoad(busy, 0, 100)}
     assert rank(["a", "b"], loads, {}, RouteHint(6, {"b": 6}))[0] == ["a"]
-    assert score(loads["b"], 0, 6, 6) == busy - PREFIX_WEIGHT
+    assert score(loads["b"], None, 6, 6) == busy - PREFIX_WEIGHT  # stats: none routed yet
+    assert score(loads["b"], 0, 6, 6) == -PREFIX_WEIGHT  # routed ones ended: the stats lag
 
 
 def test_requests_in_flight_count_when_the_stats_are_behind() -> None:
