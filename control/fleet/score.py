@@ -13,11 +13,10 @@ a burst outruns). ``hit_blocks`` is the replica's longest cached prefix for this
 hit is worth ``PREFIX_WEIGHT`` queued requests, so a cached prefix wins while queues are
 balanced and loses once its replica is that much busier. A replica whose free KV blocks above
 the reserve cannot hold the prompt's uncached blocks would queue it: it is ranked after every
-replica that can. Every replica within ``TIE_MARGIN`` of the best score shares the first rank:
-Ray Serve sends the request to the one of them with the shortest queue it probes right then
-(no request waits behind a small difference in score). Two or more such replicas, replicas
-without stats yet, and requests without a prompt hint fall back to power-of-two choices (two
-at random, then the shorter probed queue).
+replica that can. The best score gets the request (equal scores: one at random), the others
+form the next rank, which Ray Serve tries when the first replica's queue is full. Replicas
+without stats yet and requests without a prompt hint fall back to power-of-two choices (two at
+random; Ray Serve probes both queues and takes the shorter).
 """
 
 from __future__ import annotations
@@ -28,8 +27,6 @@ from dataclasses import dataclass
 
 PREFIX_WEIGHT = 2.0
 """A whole prompt found in a replica's prefix cache is worth this many queued requests."""
-TIE_MARGIN = 1.0
-"""Scores closer than this to the best are a tie, settled by the queues Ray Serve probes."""
 ROUTING_STATS_PERIOD_S = 0.5
 """How often Ray Serve asks each replica for its routing stats."""
 
@@ -92,12 +89,9 @@ def rank(
         hits = hint.hits.get(r, 0)
         fits = load.free_blocks >= hint.prompt_blocks - hits
         scored.append((not fits, score(load, in_flight.get(r), hits, hint.prompt_blocks), r))
-    scored.sort(key=lambda item: (item[0], item[1]))
-    top_fits, top_score = scored[0][:2]
-    best = [r for fits, s, r in scored if fits == top_fits and s - top_score < TIE_MARGIN]
-    rest = [r for _, _, r in scored if r not in best]
-    first = two_choices(best, in_flight, rng) if len(best) > 2 else best
-    return [first, rest] if rest else [first]
+    scored.sort(key=lambda item: (item[0], item[1], rng.random()))  # equal scores: at random
+    ranked = [r for _, _, r in scored]
+    return [ranked[:1], ranked[1:]] if len(ranked) > 1 else [ranked]
 
 
 def two_choices(
