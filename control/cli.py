@@ -23,6 +23,7 @@ GENERATE_FLAGS = (
     "max_num_seqs",
     "max_num_batched_tokens",
     "attention_backend",
+    "tensor_parallel_size",
 )
 """EngineConfig fields ``servedeck generate`` takes as flags (defaults: EngineConfig's)."""
 

@@ -35,6 +35,7 @@ ENGINE_SETTINGS = (
     "max_num_seqs",
     "max_num_batched_tokens",
     "num_threads",
+    "tensor_parallel_size",
 )
 """EngineConfig fields the server takes as settings, with EngineConfig's defaults."""
 

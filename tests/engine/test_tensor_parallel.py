@@ -173,3 +173,25 @@ def _wait_gone(pid: int, timeout: float = 10.0) -> None:
     while _running(pid):
         assert time.monotonic() < deadline, f"process {pid} still runs"
         time.sleep(0.05)
+
+
+def test_the_server_serves_with_two_ranks(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`servedeck serve --tensor-parallel-size 2`: the same greedy text as one rank."""
+    import httpx
+
+    from tests.control.support import TOKEN, ServerProcess
+
+    body = {"prompt": "hello world", "max_tokens": 8, "temperature": 0.0}
+    texts = []
+    for size, workdir in (("1", tmp_path / "one"), ("2", tmp_path / "two")):
+        workdir.mkdir()
+        args = ["--admin-token", TOKEN, "--tensor-parallel-size", size]
+        server = ServerProcess(tiny_model_dir, workdir, args, {})
+        server.start()
+        try:
+            answer = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+            assert answer.status_code == 200, answer.text
+            texts.append(answer.json()["choices"][0]["text"])
+        finally:
+            server.stop()
+    assert texts[0] == texts[1]
