@@ -238,10 +238,11 @@ class DecodeGatherCache:
         for bucket in self._buckets:
             rows = len(bucket.slots)
             width = max((width_of[s.seq_id] for s in bucket.slots), default=0)
-            if rows <= bucket.capacity and width <= bucket.width:
+            narrowest = bucket.limit + WIDTH_HEADROOM  # its rows are never wider than limit
+            if rows <= bucket.capacity and width <= bucket.width <= narrowest:
                 continue
             capacity = max(bucket.capacity, rows + rows // 4 + ROW_HEADROOM)
-            new_width = max(bucket.width, width + WIDTH_HEADROOM)
+            new_width = int(min(max(bucket.width, width + WIDTH_HEADROOM), narrowest))
             old, old_width = bucket.buffers, bucket.width
             kept = [s for s in bucket.slots if s.valid]
             bucket.capacity, bucket.width = capacity, new_width
@@ -254,14 +255,17 @@ class DecodeGatherCache:
                     slot.valid = 0
 
     def _copy_over(self, old: list[BufferPair], bucket: _Bucket, rows: int, width: int) -> None:
+        """The kept rows from buffers ``width`` blocks wide into the bucket's new ones (wider,
+        or narrowed to a lowered limit)."""
         cache = self.kv_caches[0]
         heads, per = cache.shape[3], self.block_size * cache.shape[4]
+        kept = min(width, bucket.width)
         for before, after in zip(old, bucket.buffers, strict=True):
             for src, dst in zip(before, after, strict=True):
                 src_view = src.view(-1, heads, width, per)
                 dst_view = dst.view(bucket.capacity, heads, bucket.width, per)
                 count = min(rows, src_view.shape[0])
-                dst_view[:count, :, :width].copy_(src_view[:count])
+                dst_view[:count, :, :kept].copy_(src_view[:count, :, :kept])
 
     def _per_layer(self, buckets: list[_Bucket]) -> bool:
         cache = self.kv_caches[0]

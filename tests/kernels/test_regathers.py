@@ -7,6 +7,7 @@ import random
 
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from kernels.decode_gather import RELAYOUT_STEPS, WIDTH_HEADROOM
 from tests.kernels.test_backends import BLOCK, Seq, World
 
 
@@ -59,3 +60,23 @@ def test_the_mixed_burst_regathers_at_most_5_per_100_decode_steps(tiny_model_dir
     fresh = LLM(tiny_model_dir, policy="continuous", num_kv_blocks=1024, block_size=16)
     fresh.engine.runner.attention.gathers.budget_bytes = 0  # every row gathered every step
     assert [o.token_ids for o in fresh.generate(prompts, params)] == kept
+
+
+def test_a_wasteful_single_bucket_splits_moving_rows_not_regathering() -> None:
+    """Few rows at first (one bucket); then many short rows join: once re-split, the short
+    bucket's buffers narrow to its limit and only moved rows are copied."""
+    world = World("torch", seed=5)
+    long = [Seq(f"l{i}") for i in range(3)]
+    short = [Seq(f"s{i}") for i in range(9)]
+    world.step(prefills=[(s, 3 * BLOCK + i) for i, s in enumerate(long)])
+    world.step(decodes=long, prefills=[(s, 2 + i) for i, s in enumerate(short)])
+    for _ in range(RELAYOUT_STEPS + 1):
+        world.step(decodes=long + short)
+    gathers = world.backend.gathers
+    buckets = gathers._buckets
+    assert len(buckets) == 2
+    in_short = {s.seq_id for s in buckets[0].slots}
+    assert len(in_short) >= 5 and in_short <= {s.seq_id for s in short}
+    assert buckets[0].width <= buckets[0].limit + WIDTH_HEADROOM < buckets[1].width
+    assert gathers.stats()["full_gathers"] == 1
+    assert all(world.kept[1:])
