@@ -58,6 +58,8 @@ DOCUMENTED_REFUSALS = {
 # or (``guardrail_rule``) anything under them.
 SCHEDULE_WINDOW_FIELDS = {("body", f) for f in ("cron", "cron_seconds", "timezone", "until")}
 GUARDRAIL_RULE_FIELDS = {("body", "bounds"), ("body", "objectives")}
+GUARDRAIL_RULE_TYPES = {"value_error", "less_than_equal"}
+"""``less_than_equal``: a bound's ``max`` above the engine cap of its knob."""
 # Limits of the run itself, not exclusions: reported with the summary.
 NOT_CHECKED = {
     "SSE event bodies": "each event is validated against the text/event-stream schema the "
@@ -165,14 +167,14 @@ def _value_error_refusal(detail: object) -> str | None:
     (``guardrail_rule``); None otherwise."""
     if not isinstance(detail, list) or not detail:
         return None
-    locs = []
-    for item in detail:
-        if not isinstance(item, dict) or item.get("type") != "value_error":
-            return None
-        locs.append(tuple(item.get("loc", ())))
-    if all(loc in SCHEDULE_WINDOW_FIELDS for loc in locs):
+    if not all(isinstance(item, dict) for item in detail):
+        return None
+    kinds = [(item.get("type"), tuple(item.get("loc", ()))) for item in detail]  # type: ignore[union-attr]
+    if all(kind == "value_error" and loc in SCHEDULE_WINDOW_FIELDS for kind, loc in kinds):
         return "schedule_window"
-    if all(loc[:2] in GUARDRAIL_RULE_FIELDS for loc in locs):
+    if all(
+        kind in GUARDRAIL_RULE_TYPES and loc[:2] in GUARDRAIL_RULE_FIELDS for kind, loc in kinds
+    ):
         return "guardrail_rule"
     return None
 
