@@ -158,6 +158,9 @@ def test_validation_and_engine_cap(model):
     own = model(max_prefill_tokens=None, max_num_batched_tokens=128).effective(LIMITS)
     assert own["max_prefill_tokens"] == 128
     assert model(max_prefill_tokens=None).effective(LIMITS)["max_prefill_tokens"] == 256
+    # the cap in force is never shown above the step budget (a small engine cap here)
+    small = EngineLimits(16, 64, 1024, 8, max_num_batched_tokens=64)
+    assert model(max_prefill_tokens=200).effective(small)["max_prefill_tokens"] == 64
 
 
 def test_cap_above_the_policys_own_budget_is_the_budget():
