@@ -159,7 +159,9 @@ def test_an_overdue_request_that_does_not_fit_holds_back_newer_admissions():
     clock = Clock()
     limits = EngineLimits(16, 30, 1024, 8, 512)
     config = EngineConfig(model="echo", max_waiting=100_000)
-    spec = {"name": "continuous", "params": {"max_wait_s": MAX_WAIT_S}}
+    # No prefill cap: the premise is the pool keeping the long prompt out, not the cap's pace.
+    params = {"max_wait_s": MAX_WAIT_S, "max_prefill_tokens": None}
+    spec = {"name": "continuous", "params": params}
     engine = LLMEngine(config, EchoRunner(), limits, clock=clock, policy=spec)
     hog = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
     for _ in range(2):
