@@ -27,8 +27,12 @@ from engine.config import EngineLimits
 
 ACTOR = "guardrail"
 """The actor of the policy versions the guardrail stores."""
-CAPPED_BOUNDS = ("max_num_seqs", "max_num_batched_tokens")
-"""Bounds whose max must stay under the engine cap of the same name."""
+CAPPED_BOUNDS = {
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "max_prefill_tokens": "max_num_batched_tokens",
+}
+"""Bounds whose max must stay under an engine cap: knob -> the ``EngineLimits`` field."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,15 +73,15 @@ def cap_errors(update: GuardrailConfig, limits: EngineLimits) -> list[dict[str, 
     """Pydantic-style errors for bounds above the engine caps (``bounds.max_num_seqs.max``):
     the guardrail could never use them."""
     errors = []
-    for knob in CAPPED_BOUNDS:
+    for knob, limit in CAPPED_BOUNDS.items():
         bound = getattr(update.bounds, knob)
-        cap = getattr(limits, knob)
+        cap = getattr(limits, limit)
         if bound is not None and bound.max > cap:
             errors.append(
                 {
                     "type": "less_than_equal",
                     "loc": ("bounds", knob, "max"),
-                    "msg": f"Input should be less than or equal to {cap} (the engine's {knob})",
+                    "msg": f"Input should be less than or equal to {cap} (the engine's {limit})",
                     "input": bound.max,
                     "ctx": {"le": cap},
                 }

@@ -116,6 +116,10 @@ def test_defaults_are_off_at_revision_0(client: httpx.Client) -> None:
             {"bounds": {"max_num_batched_tokens": {"min": 16, "max": 4096}}},
             ["body", "bounds", "max_num_batched_tokens", "max"],
         ),
+        (
+            {"bounds": {"max_prefill_tokens": {"min": 16, "max": 4096}}},
+            ["body", "bounds", "max_prefill_tokens", "max"],
+        ),
         ({"objectives": {}}, ["body", "objectives"]),
         ({"reason": None}, ["body", "reason"]),
         ({"reason": "  "}, ["body", "reason"]),
