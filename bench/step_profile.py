@@ -78,13 +78,17 @@ def capture(factory: EngineFactory, want, measure) -> Any:
     """Runs the mixed workload until ``want`` accepts a step; ``measure(runner, batch)``'s
     result."""
     workload = mixed(64, MIXED_INPUTS, MIXED_OUTPUT, factory.vocab_size, SEED)
-    engine, _ = factory.build(EngineSettings("continuous"), time.perf_counter)
+    # prefill chunks as large as the step budget: the step profiled is a 2,048-token chunk
+    settings = EngineSettings("continuous", {"max_prefill_tokens": 2048})
+    engine, _ = factory.build(settings, time.perf_counter)
     probe = Capture(engine.runner.inner, want, measure)
     engine.runner = probe
     for i, request in enumerate(workload.requests):
         params = SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True)
         engine.add_request(list(request.prompt), params, f"r{i}")
     while probe.result is None:
+        if not engine.has_unfinished_requests():
+            raise RuntimeError("the workload ended before the step to profile came")
         engine.step()
     return probe.result
 
