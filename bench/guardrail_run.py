@@ -56,9 +56,9 @@ class RunConfig:
     fixed_max_num_seqs: int = 2
     bounds_max_num_seqs: tuple[int, int] = (2, 64)
     ttft_p99_s: float = 2.0
-    interval_s: float = 3.0
-    window_s: float = 15.0
-    min_change_interval_s: float = 6.0
+    interval_s: float = 2.0
+    window_s: float = 10.0
+    min_change_interval_s: float = 4.0
     phases: tuple[Phase, ...] = (
         Phase("short", 20.0, 4.0, Uniform(16, 64), Uniform(16, 32)),
         Phase("long burst", 30.0, 8.0, Uniform(400, 700), Uniform(64, 128)),
