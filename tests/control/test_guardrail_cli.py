@@ -25,6 +25,7 @@ CONFIG = {
         "policies": ["continuous"],
         "max_num_seqs": None,
         "max_num_batched_tokens": {"min": 16, "max": 2048},
+        "max_prefill_tokens": None,
         "single_request_below": None,
         "max_wait_s": None,
         "memory_reserve": None,
