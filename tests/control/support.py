@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,17 +15,13 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.child_server import free_port
+
 TOKEN = "test-admin-token-4d1f0c"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0
 NUM_KV_BLOCKS = 128
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ServerProcess:

@@ -17,13 +17,13 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.control.support import ADMIN, TOKEN, ServerProcess, set_settings, wait_for
+from tests.control.admin_cli_support import server_fixture
+from tests.control.support import ADMIN, ServerProcess, set_settings, wait_for
 
 COST_MODEL = "a100-80g/llama3-8b"
 ENGINE_TOKEN_CAP = 2048  # EngineConfig.max_num_batched_tokens's default
@@ -169,20 +169,8 @@ def test_guardrail_needs_the_admin_token(client: httpx.Client) -> None:
 # -- with a cost model and traffic ------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def server(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    """A server of its own (these tests count versions) with the roofline profile."""
-    proc = ServerProcess(
-        tiny_model_dir,
-        tmp_path_factory.mktemp("guardrail"),
-        ["--admin-token", TOKEN, "--cost-model", COST_MODEL, "--prediction-timeout-s", "20"],
-        {},
-    )
-    proc.start()
-    yield proc
-    proc.stop()
+# A server of its own (these tests count versions) with the roofline profile.
+server = server_fixture("guardrail", "--cost-model", COST_MODEL, "--prediction-timeout-s", "20")
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.child_server import free_port
 from control import runtime
 from control.core.config import Settings
 from control.server import create_app, resolve_admin_token, token_file
-from tests.control.support import free_port, wait_for
+from tests.control.support import wait_for
 
 
 def test_health_is_503_while_loading_and_after_a_failed_load(

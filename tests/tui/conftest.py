@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ import httpx
 import pytest
 from textual.pilot import Pilot
 
+from bench.child_server import free_port
 from tests.tui.recorded import RecordedServer, state_series
 from tui.app import ConsoleApp
 from tui.config import ConsoleSettings
@@ -69,12 +69,6 @@ def recorded() -> RecordedServer:
 @pytest.fixture
 def recorded_series() -> RecordedServer:
     return RecordedServer(state_series(6))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class LiveServer:
