@@ -37,6 +37,7 @@ from tui.widgets.block_map import BlockMap
 from tui.widgets.latency_panel import LatencyPanel
 from tui.widgets.maintenance_panel import MaintenancePanel
 from tui.widgets.queue_panel import QueuePanel
+from tui.widgets.replica_panel import ReplicaPanel
 from tui.widgets.request_table import RequestTable
 from tui.widgets.status_header import Connection, Status, StatusHeader
 from tui.widgets.trends import TrendHistory, TrendsPanel
@@ -54,6 +55,8 @@ class Snapshot:
 
 class MainScreen(ConsoleScreen):
     COMMAND_SCOPE = "main"
+    AUTO_FOCUS = "#requests"
+    """The requests, not the first focusable widget (the replicas' table, even hidden)."""
 
     def __init__(self, settings: ConsoleSettings, read_only: bool) -> None:
         super().__init__(read_only)
@@ -77,6 +80,7 @@ class MainScreen(ConsoleScreen):
             yield QueuePanel(id="queue", classes="panel")
             yield LatencyPanel(thresholds, id="latency", classes="panel")
             yield MaintenancePanel(reclaim_key, id="maintenance", classes="panel")
+        yield ReplicaPanel(id="replicas", classes="panel")
         with Horizontal(id="middle-row"):
             with Vertical(id="requests-panel"):
                 yield RequestTable(id="requests", classes="panel")
@@ -110,6 +114,7 @@ class MainScreen(ConsoleScreen):
         block_map.block_map = state.block_map
         self.query_one(RequestTable).show(state.requests)
         self.query_one(TrendsPanel).show(history)
+        self.query_one(ReplicaPanel).show(state, self.console.clock())
 
     def on_screen_resume(self) -> None:
         self.console.redraw()
@@ -143,6 +148,10 @@ class MainScreen(ConsoleScreen):
     def action_reverse_sort(self) -> None:
         table = self.query_one(RequestTable)
         table.sort_reverse = not table.sort_reverse
+
+    def action_replicas(self) -> None:
+        if not self.query_one(ReplicaPanel).focus_table():
+            self.notify("No replicas: the server runs one engine (no --replicas)")
 
     # -- policy and maintenance ---------------------------------------------------------
 

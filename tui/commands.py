@@ -104,6 +104,15 @@ COMMANDS: tuple[Command, ...] = (
         show=False,
     ),
     Command(
+        "replicas",
+        "f",
+        "Replicas",
+        "replicas",
+        scope="main",
+        help="Focus the replicas panel (a server run with --replicas)",
+        show=False,
+    ),
+    Command(
         "edit_policy",
         "e",
         "Edit",

@@ -161,6 +161,63 @@ class ReclaimRun(Model):
     error: str | None = None
 
 
+class ReplicaReclaim(Model):
+    """A replica's last reclaim sweep (no timestamp: the sweep runs on the fleet's schedule)."""
+
+    freed: int = 0
+    evicted: int = 0
+    free_before: int | None = None
+    free_after: int | None = None
+    reserve_breached: bool = False
+    duration_s: float | None = None
+
+
+class ReplicaView(Model):
+    """One engine replica of a fleet (``servedeck serve --replicas N``)."""
+
+    replica: str
+    up: bool = True
+    error: str | None = None
+    pid: int | None = None
+    version: int | None = None
+    policy: str | None = None
+    started_at: float | None = None
+    waiting: int = 0
+    running: int = 0
+    in_flight: int = 0
+    free_blocks: int = 0
+    kv: KvStats | None = None
+    generation_tokens: int = 0
+    last_reclaim: ReplicaReclaim | None = None
+    draining: bool | None = None
+    """Being drained before a restart or upgrade (absent from servers that do not drain)."""
+
+
+class ReplicaTotals(Model):
+    replicas: int = 0
+    up: int = 0
+    waiting: int = 0
+    running: int = 0
+    free_blocks: int = 0
+    kv_total: int = 0
+    kv_used: int = 0
+    kv_cached: int = 0
+    generation_tokens: int = 0
+    versions: list[int] = Field(default_factory=list)
+
+
+class FleetRestart(Model):
+    """A rolling restart of the fleet (``/admin/state`` → ``restart``; newer servers only)."""
+
+    state: str = "running"
+    replicas: list[str] = Field(default_factory=list)
+    left: list[str] = Field(default_factory=list)
+    started: list[str] = Field(default_factory=list)
+    draining: str | None = None
+    """The replica finishing its requests now."""
+    error: str | None = None
+
+
 class AdminState(Model):
     version: int
     policy: PolicySpec
@@ -175,6 +232,10 @@ class AdminState(Model):
     latency: Latency = Field(default_factory=Latency)
     totals: dict[str, Any] = Field(default_factory=dict)
     recent_reclaims: list[ReclaimRun] = Field(default_factory=list)
+    replicas: list[ReplicaView] = Field(default_factory=list)
+    """Each engine replica with ``--replicas``; empty without a fleet."""
+    replica_totals: ReplicaTotals | None = None
+    restart: FleetRestart | None = None
 
     @property
     def draining_to(self) -> int | None:
@@ -182,6 +243,13 @@ class AdminState(Model):
         not draining, or from a server that does not report it)."""
         value = self.scheduler.get("draining_to")
         return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def draining_replicas(self) -> set[str]:
+        """Replicas being drained: flagged themselves, or named by a running restart."""
+        names = {r.replica for r in self.replicas if r.draining}
+        if self.restart is not None and self.restart.state == "running" and self.restart.draining:
+            names.add(self.restart.draining)
+        return names
 
 
 class Job(Model):

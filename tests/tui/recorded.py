@@ -104,3 +104,38 @@ class RecordedServer:
         return HttpClient(
             URL, TOKEN, read_only=read_only, transport=httpx.MockTransport(self.handle)
         )
+
+
+REPLACEMENT = "w2hd81fe"
+DIED = "ActorDiedError: The actor died unexpectedly before finishing this task.\n\tclass_name: ..."
+
+
+def fleet_states() -> dict[str, dict[str, Any]]:
+    """A 2-replica fleet (``state_fleet``) as the console sees one replica killed: ``up``;
+    ``down`` (the second answers with an error); ``gone`` (Ray dropped it from the list);
+    ``back`` (its replacement: a new id and pid, one version behind); ``converged``."""
+    up = load("state_fleet")
+    first, second = up["replicas"]
+
+    def fleet(*replicas: dict[str, Any]) -> dict[str, Any]:
+        state = copy.deepcopy(up)
+        state["replicas"] = list(replicas)
+        live = [r for r in replicas if r["up"]]
+        totals = state["replica_totals"]
+        totals.update(replicas=len(replicas), up=len(live))
+        for key in ("waiting", "running", "free_blocks", "generation_tokens"):
+            totals[key] = sum(r[key] for r in live)
+        totals["versions"] = sorted({r["version"] for r in live})
+        return state
+
+    dead = {"replica": second["replica"], "up": False, "error": DIED}
+    new = {**second, "replica": REPLACEMENT, "pid": 42117, "started_at": 1795950300.2}
+    new.update(version=2, waiting=0, running=0, in_flight=0, generation_tokens=0)
+    new["last_reclaim"] = None
+    return {
+        "up": up,
+        "down": fleet(first, dead),
+        "gone": fleet(first),
+        "back": fleet(first, new),
+        "converged": fleet(first, {**new, "version": 3}),
+    }

@@ -10,7 +10,7 @@ from textual.pilot import Pilot
 from textual.widgets import Input
 
 from tests.tui.conftest import poll_times, quiet_settings, wait_for
-from tests.tui.recorded import RecordedServer, reply, state_series
+from tests.tui.recorded import RecordedServer, fleet_states, reply, state_series
 from tui.app import ConsoleApp
 from tui.screens.history import HistoryScreen
 from tui.screens.policy_editor import PolicyEditorScreen
@@ -136,5 +136,15 @@ def test_help_read_only(snap_compare) -> None:
         await poll_times(pilot, app, 1)
         await pilot.press("f1")
         await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_main_screen_fleet_one_replica_down(snap_compare) -> None:
+    states = fleet_states()
+    app = console(RecordedServer([states["up"], states["down"]]))
+
+    async def run_before(pilot: Pilot) -> None:
+        await poll_times(pilot, app, 2)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
