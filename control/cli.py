@@ -152,6 +152,7 @@ SERVER_LIMITS = (
     "max_json_depth",
     "max_stop_strings",
     "max_stop_length",
+    "fleet_drain_timeout_s",
 )
 """Server settings with a default whose flag, type and help are read from ``Settings``."""
 
@@ -243,7 +244,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
-    """``servedeck policy|schedule|guardrail ...``: the admin API over HTTP."""
+    """``servedeck policy|schedule|guardrail|fleet ...``: the admin API over HTTP."""
     from control.rest_cli import run
 
     return run(args, local_token=lambda: _local_admin_token(args.db))
@@ -295,9 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--read-only", action="store_true", help="hide every action that changes")
     p.set_defaults(func=cmd_tui)
 
-    from control import guardrail_cli, policy_cli, schedule_cli
+    from control import fleet_cli, guardrail_cli, policy_cli, schedule_cli
 
-    for admin_cli in (policy_cli, schedule_cli, guardrail_cli):
+    for admin_cli in (policy_cli, schedule_cli, guardrail_cli, fleet_cli):
         admin_cli.add_parser(sub, cmd_admin)
 
     from bench.cli import DEFAULT_THREADS

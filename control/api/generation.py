@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from fastapi import HTTPException, Request
 from fastapi.responses import StreamingResponse
@@ -167,6 +167,14 @@ def sampling_params(
     )
 
 
+@runtime_checkable
+class Admitting(Protocol):
+    """A stream admitted later than ``add_request`` (a fleet replica's queue): ``start``
+    raises the refusal (``QueueFull``...), so it is still an HTTP error, not an event."""
+
+    async def start(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class Answers:
     """How a route answers: its whole answer's model and its chunks' model, both with ``id``,
@@ -221,6 +229,8 @@ class Answers:
         event stream. The stream starts at once (clients see the queue time as time to first
         token); a failure from then on ends it with an error event."""
         created, model = int(time.time()), runtime.model_name
+        if isinstance(stream, Admitting):
+            await stream.start()  # a replica's refusal (429) before any byte of the answer
         if not body.stream:
             last = await whole_answer(stream, request)
             return self.whole(

@@ -12,6 +12,7 @@ from control.api.routes import (
     admin_trace,
     chat,
     completions,
+    fleet,
     health,
     metrics,
     models,
@@ -31,5 +32,6 @@ for module in (
     admin_schedules,
     admin_guardrail,
     admin_demo_load,
+    fleet,
 ):
     api_router.include_router(module.router)

@@ -139,6 +139,13 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
     target_ongoing_requests: float = Field(
         8.0, gt=0, description="Autoscaling: requests in flight per replica Ray Serve aims at."
     )
+    fleet_drain_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="A restart (servedeck fleet restart) lets a replica's requests finish this "
+        "long before it ends the rest with an error.",
+    )
     testing: bool = Field(False, description="Expose test-only routes (never in production).")
     log_level: str = "info"
     cors_allow_origins: str | None = Field(

@@ -49,6 +49,8 @@ class FleetEngine:
         self.deployment = deployment
         self.front = front
         self.on_finished = on_finished
+        self.lost_note: str | None = None
+        """What a request whose replica went away is told, while a restart explains it."""
 
     # -- what AsyncEngine offers the routes ----------------------------------------------
 
@@ -137,24 +139,36 @@ class FleetStream:
     def __aiter__(self) -> FleetStream:
         return self
 
+    async def start(self) -> None:
+        """Route the request and wait until its replica's engine admitted it (the replica's
+        first item): ``QueueFull`` or ``RequestRejected`` raise here, so a route that awaits
+        this before answering refuses with an HTTP error, not with an error event."""
+        if self._gen is not None or self._done:
+            return
+        try:
+            try:
+                hint = await self.fleet.probe_prefix(self._args[0])
+            except TimeoutError:
+                hint = None
+            handle = self.fleet.handle.options(stream=True, method_name="generate")
+            self._gen = handle.remote(*self._args, route=hint)
+            await self._gen.__anext__()  # the replica's acknowledgement
+        except Exception as exc:
+            self._done = True
+            raise _public(exc, self.fleet.lost_note) from None
+
     async def __anext__(self) -> RequestOutput:
-        if self._done:
+        await self.start()
+        if self._done or self._gen is None:
             raise StopAsyncIteration
         try:
-            if self._gen is None:
-                try:
-                    hint = await self.fleet.probe_prefix(self._args[0])
-                except TimeoutError:
-                    hint = None
-                handle = self.fleet.handle.options(stream=True, method_name="generate")
-                self._gen = handle.remote(*self._args, route=hint)
             output: RequestOutput = await self._gen.__anext__()
         except StopAsyncIteration:
             self._done = True
             raise
         except Exception as exc:
             self._done = True
-            raise _public(exc) from None
+            raise _public(exc, self.fleet.lost_note) from None
         if output.finished and self.fleet.on_finished is not None:
             try:
                 self.fleet.on_finished(output)
@@ -168,16 +182,19 @@ class FleetStream:
         self._done = True
 
 
-def _public(exc: BaseException) -> BaseException:
+def _public(exc: BaseException, lost_note: str | None = None) -> BaseException:
     """What the routes see of a replica's failure: our own errors as raised there, a dead
-    replica as ``EngineStopped``, anything else as ``EngineStepError`` naming its type."""
+    replica as ``EngineStopped`` (``lost_note`` says why, during a restart), anything else as
+    ``EngineStepError`` naming its type."""
     cause = getattr(exc, "cause", None)
     if isinstance(cause, PASSED_THROUGH):
         return cause
     if isinstance(exc, PASSED_THROUGH):
         return exc
     if isinstance(exc, (ray_exceptions.RayActorError, ray_exceptions.ActorUnavailableError)):
-        return EngineStopped("the replica serving this request died; retry the request")
+        return EngineStopped(
+            lost_note or "the replica serving this request died; retry the request"
+        )
     return EngineStepError(f"the replica failed: {type(cause or exc).__name__}")
 
 

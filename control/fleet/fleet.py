@@ -17,14 +17,16 @@ import logging
 import os
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from control.core.config import Settings
+from control.fleet.deployment import DEPLOYMENT, application
 from control.fleet.local_ray import LocalRay, connect
 from control.fleet.metrics import install
-from control.fleet.replica import EngineReplica, ReplicaReport
-from control.fleet.schemas import ReplicaView
+from control.fleet.replica import ReplicaReport
+from control.fleet.restart import RollingRestarts
+from control.fleet.schemas import ReplicaView, RestartView
 from control.fleet.score import ROUTING_STATS_PERIOD_S
 from control.schemas import PolicySettings
 from engine.async_engine import AsyncEngine
@@ -40,13 +42,10 @@ if TYPE_CHECKING:  # the modules importing ray load once connect() set Ray's env
 
 log = logging.getLogger(__name__)
 
-DEPLOYMENT = "engine"
 CONVERGE_JOB_ID = "fleet_converge"
 CONVERGE_INTERVAL_S = 0.5
 REPORT_TIMEOUT_S = 2.0
 READY_TIMEOUT_S = 120.0
-MAX_ONGOING_PER_REPLICA = 1024
-"""Ray Serve's own cap per replica; the engine's waiting queue (429) is the real bound."""
 
 
 @dataclass
@@ -56,10 +55,13 @@ class Fleet:
     app_name: str
     in_force: PolicySettings
     version: int
+    config: EngineConfig
     local: LocalRay | None = None
+    """The Ray instance this server started (none with ``--ray-address``)."""
     applied_at: float = 0.0
     """When the last version was acknowledged by every replica (monotonic)."""
-    """The Ray instance this server started (none with ``--ray-address``)."""
+    restarts: RollingRestarts = field(default_factory=RollingRestarts)
+    """Rolling restarts (``POST /admin/fleet/restart``): the one running or the last one."""
 
     @classmethod
     def launch(
@@ -77,28 +79,11 @@ class Fleet:
         try:
             connect(settings.ray_address or local.address, local)  # type: ignore[union-attr]
             from ray import serve
-            from ray.serve.config import RequestRouterConfig
 
             from control.fleet.client import FleetEngine
-            from control.fleet.router import FleetRouter
 
             serve.start(proxy_location="Disabled")
-            deployment = serve.deployment(EngineReplica).options(
-                name=DEPLOYMENT,
-                max_ongoing_requests=MAX_ONGOING_PER_REPLICA,
-                ray_actor_options={
-                    "num_cpus": threads,
-                    "num_gpus": 1 if config.device.startswith("cuda") else 0,
-                },
-                request_router_config=RequestRouterConfig(
-                    request_router_class=FleetRouter,
-                    request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
-                    request_routing_stats_timeout_s=5,
-                ),
-                health_check_period_s=1,
-                **scaling(settings),
-            )
-            app = deployment.bind(config, in_force.model_dump(mode="json"), version)
+            app = application(settings, config, in_force, version)
             name = settings.ray_app_name
             log.info("deploying %s: %s replicas of %s on Ray", name, most, config.model)
             handle = serve.run(app, name=name, route_prefix=None)
@@ -108,6 +93,7 @@ class Fleet:
                 name,
                 in_force,
                 version,
+                config,
             )
             fleet.local = local
             handle.options(method_name="report").remote().result(timeout_s=READY_TIMEOUT_S)
@@ -207,6 +193,10 @@ class Fleet:
             for replica, report in sorted(self.reports().items())
         ]
 
+    def restart(self) -> RestartView:
+        """Start a rolling restart (``restart.py``); ``RestartRefused`` while one runs."""
+        return self.restarts.start(self)
+
     def in_flight(self) -> int:
         router = self.router()
         return sum(router.in_flight().values()) if router is not None else 0
@@ -225,17 +215,3 @@ class Fleet:
         except Exception:
             log.exception("could not delete the Ray Serve application %s", self.app_name)
         ray.shutdown()
-
-
-def scaling(settings: Settings) -> dict[str, Any]:
-    """A fixed number of replicas, or Ray Serve's autoscaling by ongoing requests."""
-    if settings.max_replicas is None:
-        return {"num_replicas": settings.replicas}
-    return {
-        "autoscaling_config": {
-            "min_replicas": settings.min_replicas or 1,
-            "initial_replicas": settings.replicas,
-            "max_replicas": settings.max_replicas,
-            "target_ongoing_requests": settings.target_ongoing_requests,
-        }
-    }

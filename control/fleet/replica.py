@@ -80,10 +80,12 @@ class EngineReplica:
         params: SamplingParams,
         request_id: str,
         route: Any = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """The request's outputs as the engine produces them (``route``: the router's hint)."""
+    ) -> AsyncIterator[RequestOutput | None]:
+        """``None`` once the engine admitted the request (``QueueFull`` comes before it: the
+        control plane still answers 429), then its outputs (``route``: the router's hint)."""
         stream = self.async_engine.add_request(token_ids, params, request_id)
         try:
+            yield None
             async for output in stream:
                 yield output
         finally:

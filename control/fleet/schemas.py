@@ -3,6 +3,8 @@ the totals (plain pydantic, no Ray: the route imports it in every server)."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from control import schemas
@@ -89,6 +91,37 @@ class ReplicaTotals(BaseModel):
         )
 
 
+RestartState = Literal["running", "done", "failed"]
+
+
+class RestartView(BaseModel):
+    """A rolling restart (``POST /admin/fleet/restart``): one replica at a time leaves
+    routing, drains, and is replaced; the next goes once the new one is up."""
+
+    id: int = Field(description="This server's count of restarts.")
+    state: RestartState
+    replicas: list[str] = Field(description="The replicas it restarts (those up when it began).")
+    version: int = Field(description="The policy version the new replicas start on.")
+    drain_timeout_s: float = Field(
+        description="How long a stopping replica's requests may run before they end in error."
+    )
+    started_at: float = Field(description="Unix time.")
+    finished_at: float | None = None
+    left: list[str] = Field(
+        default_factory=list, description="Replicas of ``replicas`` out of routing, in order."
+    )
+    started: list[str] = Field(default_factory=list, description="New replicas up, in order.")
+    draining: str | None = Field(
+        None, description="The replica finishing its requests now (Ray reports one stopping)."
+    )
+    replica_states: dict[str, int] = Field(
+        default_factory=dict,
+        description="Ray Serve's count of replicas by state while it runs (RUNNING, STOPPING, "
+        "STARTING...).",
+    )
+    error: str | None = None
+
+
 class AdminState(schemas.AdminState):
     """``/admin/state``. With ``--replicas``, the top-level engine figures are the control
     plane's own engine (idle: it tokenizes and checks admission); the fleet is in
@@ -98,3 +131,6 @@ class AdminState(schemas.AdminState):
         default_factory=list, description="Each engine replica (with --replicas; else empty)."
     )
     replica_totals: ReplicaTotals | None = None
+    restart: RestartView | None = Field(
+        None, description="The rolling restart running, or the last one (with --replicas)."
+    )

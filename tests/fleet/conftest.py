@@ -43,30 +43,42 @@ def ray_instance() -> Iterator[str]:
         local.stop()
 
 
-@pytest.fixture(scope="session")
-def fleet_server(
-    ray_instance: str, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
+def fleet_server_process(
+    ray_address: str, model_dir: Path, workdir: Path, *extra: str
+) -> ServerProcess:
+    """A control plane with ``REPLICAS`` replicas on the session's Ray instance (``extra``:
+    more flags, e.g. its own ``--ray-app-name``); started."""
     from control.fleet.local_ray import LOCAL_ENV
 
     server = ServerProcess(
-        tiny_model_dir,
-        tmp_path_factory.mktemp("fleet-server"),
+        model_dir,
+        workdir,
         [
             "--admin-token",
             TOKEN,
             "--replicas",
             str(REPLICAS),
             "--ray-address",
-            ray_instance,
+            ray_address,
             "--served-model-name",
             "tiny",
             "--reclaim-interval-s",
             "1",
+            *extra,
         ],
         dict(LOCAL_ENV),
     )
     server.start()
+    return server
+
+
+@pytest.fixture(scope="session")
+def fleet_server(
+    ray_instance: str, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    server = fleet_server_process(
+        ray_instance, tiny_model_dir, tmp_path_factory.mktemp("fleet-server")
+    )
     yield server
     server.stop()
 

@@ -24,6 +24,7 @@ def get_state(runtime: RuntimeDep, session: SessionDep) -> AdminState:
         recent_reclaims=runtime.maintenance.last_runs(session),
         replicas=replicas,
         replica_totals=ReplicaTotals.of(replicas) if runtime.fleet is not None else None,
+        restart=runtime.fleet.restarts.view() if runtime.fleet is not None else None,
     )
 
 

@@ -1,0 +1,138 @@
+"""A rolling restart of the 2-replica fleet (a real server, real Ray Serve replicas): one
+replica at a time drains and is replaced, streams running across it finish with all their
+tokens, requests sent meanwhile all answer 200, and the new replicas run the version in force."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.control.support import (
+    ADMIN,
+    TOKEN,
+    ServerProcess,
+    set_settings,
+    sse_events,
+    state,
+    wait_for,
+)
+from tests.fleet.conftest import REPLICAS
+
+STREAM_TOKENS = 200
+
+
+def stream(url: str, max_tokens: int, results: list[Any], ended: list[float]) -> None:
+    body = {"prompt": "across a restart", "max_tokens": max_tokens, "ignore_eos": True}
+    with httpx.stream(
+        "POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=180
+    ) as response:
+        results.append((response.status_code, sse_events(list(response.iter_lines()))))
+    ended.append(time.time())
+
+
+def tokens_of(events: list[Any]) -> int:
+    """Tokens of a completion stream: one chunk per token, the last one with its reason."""
+    chunks = [e for e in events if isinstance(e, dict) and e.get("choices")]
+    return len(chunks)
+
+
+def test_a_rolling_restart_drains_one_replica_at_a_time(
+    fleet: httpx.Client, fleet_server: Any
+) -> None:
+    version = set_settings(fleet, policy={"name": "hybrid", "params": {}})["version"]
+    before = {r["replica"]: r["pid"] for r in state(fleet)["replicas"]}
+    assert len(before) == REPLICAS
+    results: list[Any] = []
+    ended: list[float] = []
+    streams = [
+        threading.Thread(target=stream, args=(fleet_server.url, STREAM_TOKENS, results, ended))
+        for _ in range(REPLICAS)
+    ]
+    for thread in streams:
+        thread.start()
+    wait_for(lambda: all(r["running"] for r in state(fleet)["replicas"]), 10)
+
+    response = fleet.post("/admin/fleet/restart", headers=ADMIN)
+    assert response.status_code == 202, response.text
+    restart = response.json()
+    assert sorted(restart["replicas"]) == sorted(before) and restart["state"] == "running"
+    assert restart["version"] == version
+    again = fleet.post("/admin/fleet/restart", headers=ADMIN)
+    assert again.status_code == 409 and "running" in again.json()["detail"]
+
+    timeline: list[tuple[set[int], set[int]]] = []  # (old pids up, new pids up) at each poll
+    answered, started = 0, time.monotonic()
+    draining: set[str] = set()  # the replicas /admin/state showed draining
+    new_views: list[dict[str, Any]] = []
+    while time.monotonic() - started < 150:
+        body = {"prompt": "meanwhile", "max_tokens": 2, "temperature": 0}
+        during = fleet.post("/v1/completions", json=body)
+        assert during.status_code == 200, during.text
+        answered += 1
+        now = state(fleet)
+        up = {r["pid"] for r in now["replicas"] if r["up"]}
+        assert up, f"no replica up during the restart: {now['replicas']}"
+        timeline.append((up & set(before.values()), up - set(before.values())))
+        new_views += [r for r in now["replicas"] if r["up"] and r["replica"] not in before]
+        draining |= {now["restart"]["draining"]} - {None}
+        if now["restart"]["state"] != "running":
+            break
+        time.sleep(0.1)
+    assert now["restart"]["state"] == "done", now["restart"]
+    assert sorted(now["restart"]["left"]) == sorted(before)
+    assert draining and draining <= set(before), draining
+    for thread in streams:
+        thread.join(60)
+
+    # Every stream ran to its last token: the draining replica finished it.
+    assert len(results) == REPLICAS
+    for status, events in results:
+        assert status == 200 and events[-1] == "[DONE]", events[-3:]
+        assert not [e for e in events if isinstance(e, dict) and "error" in e], events[-3:]
+        assert tokens_of(events) == STREAM_TOKENS
+    # ... and both were still running when the restart began (so one ran across a drain).
+    assert min(ended) > restart["started_at"], (ended, restart)
+    # One after the other, never none up: one old replica served while the first new one
+    # started, then the first new one served while the second old one drained.
+    firsts = [i for i, (_, new) in enumerate(timeline) if new]
+    assert firsts and len(timeline[firsts[0]][1]) == 1, timeline
+    assert any(len(old) == 1 and not new for old, new in timeline[: firsts[0]]), timeline
+    assert any(len(new) == REPLICAS for _, new in timeline[firsts[0] :]), timeline
+    assert all(not (old and len(new) == REPLICAS) for old, new in timeline), timeline
+    assert answered >= 2
+    after = wait_for(
+        lambda: (
+            [r for r in state(fleet)["replicas"] if r["up"] and r["version"] == version]
+            if len(state(fleet)["replicas"]) == REPLICAS
+            else None
+        ),
+        10,
+    )
+    assert len(after) == REPLICAS
+    assert not {r["pid"] for r in after} & set(before.values())
+    assert not set(r["replica"] for r in after) & set(before)
+    # The new replicas came up on the version in force (from their first state on).
+    assert {(r["version"], r["policy"]) for r in new_views} == {(version, "hybrid")}, new_views
+    set_settings(fleet, policy={"name": "continuous", "params": {}})
+
+
+@pytest.fixture
+def single(tiny_model_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+    server = ServerProcess(tiny_model_dir, tmp_path, ["--admin-token", TOKEN], {})
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_a_restart_needs_a_fleet_and_the_admin_token(single: ServerProcess) -> None:
+    with single.client() as http:
+        assert http.post("/admin/fleet/restart").status_code == 401
+        refused = http.post("/admin/fleet/restart", headers=ADMIN)
+        assert refused.status_code == 409 and "--replicas" in refused.json()["detail"]
+        assert state(http)["restart"] is None
