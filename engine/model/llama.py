@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model.config import ModelConfig
-from engine.model.rope import RotaryEmbedding
+from engine.model.rope import RopeTables, RotaryEmbedding, rotate_
 from engine.parallel.shard import SINGLE, Shard
 from kernels.attention import AttentionBackend, AttentionMetadata
 
@@ -83,8 +83,7 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rope: RotaryEmbedding,
+        rope: RopeTables,
         attention: AttentionBackend,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
@@ -96,7 +95,12 @@ class Attention(nn.Module):
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(positions, q, k)
+            rotate_(q, rope)
+            rotate_(k, rope)
+        else:
+            # q and k sit side by side in the product: one in-place rotation covers both
+            qk = qkv[:, : self.q_size + self.kv_size]
+            rotate_(qk.view(tokens, self.num_heads + self.num_kv_heads, self.head_dim), rope)
         out = attention.forward(self.layer_index, q, k, v, meta, self.scale)
         if self.reduce:
             return _row_parallel(out.reshape(tokens, self.q_size), self.o_proj, self.o_bias)
@@ -115,9 +119,13 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(x, self.gate_up_proj).chunk(2, dim=-1)
+        # SiLU and the product in place in the gate half of the product's own buffer: no
+        # fresh [tokens, intermediate] tensors (at 2,048 tokens two of them cost more than
+        # the norms and rope together); down_proj reads the strided half as it is.
+        hidden = F.silu(gate, inplace=True).mul_(up)
         if self.reduce:
-            return _row_parallel(F.silu(gate) * up, self.down_proj, None)
-        return F.linear(F.silu(gate) * up, self.down_proj)
+            return _row_parallel(hidden, self.down_proj, None)
+        return F.linear(hidden, self.down_proj)
 
 
 class DecoderLayer(nn.Module):
@@ -136,9 +144,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
         self.mlp = MLP(config, dtype, device, shard)
 
-    def forward(self, x, positions, rope, attention, meta) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, attention, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, x: torch.Tensor, rope: RopeTables, attention: AttentionBackend, meta
+    ) -> torch.Tensor:
+        """Adds to ``x`` in place (the residual stream is the model's own buffer)."""
+        x.add_(self.self_attn(self.input_layernorm(x), rope, attention, meta))
+        return x.add_(self.mlp(self.post_attention_layernorm(x)))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -178,8 +189,9 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """``attention`` holds every layer's KV pool; ``meta`` is its ``prepare`` of this step."""
         x = F.embedding(input_ids, self.embed_tokens)
+        rope = self.rope.tables(positions)  # once per step, not per layer
         for layer in self.layers:
-            x = layer(x, positions, self.rope, attention, meta)
+            x = layer(x, rope, attention, meta)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,6 +36,15 @@ def inverse_frequencies(
     return torch.where(medium, blended, scaled)
 
 
+@dataclass(frozen=True, slots=True)
+class RopeTables:
+    """cos and sin at one step's positions, ``[T, 1, dim / 2]`` float32: gathered once per
+    step (``RotaryEmbedding.tables``) and shared by every layer."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
 class RotaryEmbedding:
     """Precomputed cos/sin tables indexed by absolute position (the half-split layout)."""
 
@@ -52,16 +62,29 @@ class RotaryEmbedding:
         self.cos = freqs.cos().to(device)
         self.sin = freqs.sin().to(device)
 
+    def tables(self, positions: torch.Tensor) -> RopeTables:
+        return RopeTables(self.cos[positions][:, None, :], self.sin[positions][:, None, :])
+
     def __call__(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``query`` ``[T, heads, dim]``, ``key`` ``[T, kv_heads, dim]``."""
-        cos = self.cos[positions][:, None, :]
-        sin = self.sin[positions][:, None, :]
-        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+        """``query`` ``[T, heads, dim]``, ``key`` ``[T, kv_heads, dim]``; rotated copies."""
+        tables = self.tables(positions)
+        query, key = query.clone(), key.clone()
+        rotate_(query, tables)
+        rotate_(key, tables)
+        return query, key
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate_(x: torch.Tensor, tables: RopeTables) -> None:
+    """Rotates ``x`` ``[T, heads, dim]`` (a view is fine: q and k side by side in the fused
+    qkv product) in place: computed in float32, written back in ``x``'s dtype. Half-width
+    views, no ``cat``, one call for q and k together."""
     half = x.shape[-1] // 2
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    first = x1 * tables.cos
+    first.sub_(x2 * tables.sin)  # not addcmul_: its fused rounding parts from transformers'
+    second = x2 * tables.cos
+    second.add_(x1 * tables.sin)
+    x1.copy_(first)
+    x2.copy_(second)
