@@ -23,6 +23,10 @@ PROVISIONAL_S = 5.0
 """The keyword that sends a call to one replica."""
 
 
+class ReplicaGone(RuntimeError):
+    """A call for one replica that is no longer among the live ones."""
+
+
 class FleetRouter(RequestRouter):
     def initialize_state(self, **kwargs) -> None:
         self._in_flight: dict[str, set[str]] = defaultdict(set)
@@ -67,7 +71,15 @@ class FleetRouter(RequestRouter):
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         kwargs = pending_request.kwargs if pending_request is not None else {}
         if (target := kwargs.get(TARGET)) is not None:
-            return [[by_id[target]]] if target in by_id else []
+            if target in by_id:
+                return [[by_id[target]]]
+            # The replica left (died, drained) after the call was made. An empty answer
+            # would have Ray ask again at once, with no await between: this event loop, and
+            # every request routed through it, would spin here for good. The call fails
+            # instead, and any candidate lets Ray's loop see its future done and move on.
+            if pending_request is not None and not pending_request.future.done():
+                pending_request.future.set_exception(ReplicaGone(f"replica {target} is gone"))
+            return [candidate_replicas]
         hint = kwargs.get("route")
         loads = {rid: ReplicaLoad.of(r.routing_stats) for rid, r in by_id.items()}
         ranks = rank(
