@@ -5,8 +5,10 @@ as a new replica id (and a new pid); one that died may first answer with an erro
 false), then leave the list. ``ReplicaRoster`` keeps one row per slot so the operator sees the
 story: a row that stops answering turns DOWN with its error and stays DOWN (even once it left
 the list) until a new replica takes its slot, which is then marked restarted, with the pid it
-replaced, for ``RESTART_MARK_S``. The same replica id answering with another pid or start time
-is a restart too. No Textual here: the rules are tested on plain data.
+replaced, for ``RESTART_MARK_S``. Only a replica that left the list gives up its slot: one
+still listed may be alive but slow to answer (the fleet's state call times out every replica
+while Ray has not yet noticed a dead one). The same replica id answering with another pid or
+start time is a restart too. No Textual here: the rules are tested on plain data.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ class ReplicaRoster:
             else:
                 row._gone(now)
         for view in fresh.values():
-            slot = None if first or not view.up else self._free_slot()
+            slot = None if first else self._free_slot()
             if slot is None:
                 self.rows.append(ReplicaRow(view=view))
                 self.rows[-1]._seen(view, now)
@@ -104,7 +106,6 @@ class ReplicaRoster:
         return self.rows
 
     def _free_slot(self) -> ReplicaRow | None:
-        """The slot a new replica takes: the one down longest (gone first, then down)."""
-        down = [row for row in self.rows if not row.up]
-        down.sort(key=lambda row: (row.gone_since is None, row.gone_since or 0.0))
-        return down[0] if down else None
+        """The slot a new replica takes: the one that left the list first."""
+        gone = [row for row in self.rows if row.gone_since is not None]
+        return min(gone, key=lambda row: row.gone_since or 0.0) if gone else None
