@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from control.core.config import Settings
 from control.fleet.deployment import DEPLOYMENT, application
+from control.fleet.deployment import scaling as scaling  # where it was defined first
 from control.fleet.local_ray import LocalRay, connect
 from control.fleet.metrics import install
 from control.fleet.replica import ReplicaReport
