@@ -110,7 +110,8 @@ def prefill_attention(
     """Chunked prefill / extend: ``query`` ``[T, heads, dim]`` packed by sequence.
 
     A chunk that is its whole sequence attends over its own new ``key``/``value`` directly
-    (causal SDPA); a chunk extending a cached prefix reads the sequence back from the pool.
+    (``causal_self_attention`` past one tile in float32, else causal SDPA); a chunk extending
+    a cached prefix reads the sequence back from the pool.
     """
     num_heads = query.shape[1]
     k_storage, v_storage = storages
@@ -121,6 +122,11 @@ def prefill_attention(
         start, end = query_start_loc[i], query_start_loc[i + 1]
         q_len = end - start
         if q_len == 0:
+            continue
+        if seq_len == q_len and q_len > CAUSAL_TILE and query.dtype == torch.float32:
+            causal_self_attention(
+                query[start:end], key[start:end], value[start:end], scale, out[start:end]
+            )
             continue
         if seq_len == q_len:
             k = key[start:end].transpose(0, 1)
@@ -140,6 +146,57 @@ def prefill_attention(
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
         out[start:end] = o[0].transpose(0, 1)
     return out
+
+
+CAUSAL_TILE = 128
+"""Query rows per tile of ``causal_self_attention`` (times the GQA group in one product).
+A chunk of at most one tile goes to SDPA: one tile skips nothing and runs no faster there.
+
+Numerics: float32 results differ from SDPA's flash kernel (which transformers also runs) by
+rounding only (~1e-6 on the attention output; a prompt logprob near -37 moved by 1.5e-4),
+greedy tokens unchanged in every equality test."""
+
+
+def causal_self_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, out: torch.Tensor
+) -> None:
+    """A chunk that is its whole sequence: ``query`` ``[L, heads, dim]`` attends causally over
+    ``key``/``value`` ``[L, kv_heads, dim]``, written into ``out`` (like ``query``).
+
+    Query tiles of ``CAUSAL_TILE`` rows read only the keys up to their last row (the masked
+    upper blocks are never computed) and the heads sharing a KV head go through one product,
+    as plain batched matrix products: on CPU about a third less time than SDPA's flash
+    kernel, whose 64-row float32 blocks run far below the matrix rate.
+    """
+    length, num_heads, head_dim = query.shape
+    num_kv_heads = key.shape[1]
+    group = num_heads // num_kv_heads
+    keys_t = key.permute(1, 2, 0)  # [kv_heads, dim, L]
+    values = value.transpose(0, 1)  # [kv_heads, L, dim]
+    heads = query.view(length, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+    rows = out.view(length, num_kv_heads, group, head_dim)
+    nothing = query.new_zeros(1, 1, 1)
+    for start in range(0, length, CAUSAL_TILE):
+        end = min(start + CAUSAL_TILE, length)
+        n = end - start
+        q = heads[:, :, start:end].reshape(num_kv_heads, group * n, head_dim)
+        scores = torch.baddbmm(nothing, q, keys_t[:, :, :end], beta=0, alpha=scale)
+        diagonal = scores.view(num_kv_heads, group, n, end)[..., start:end]
+        diagonal.masked_fill_(_upper(n, query.device), float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        tile = torch.bmm(probs, values[:, :end]).view(num_kv_heads, group, n, head_dim)
+        rows[start:end].copy_(tile.permute(2, 0, 1, 3))
+
+
+_UPPER: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _upper(n: int, device: torch.device) -> torch.Tensor:
+    """``[n, n]`` bool, True above the diagonal (the keys after each query); kept."""
+    mask = _UPPER.get((n, device))
+    if mask is None:
+        mask = _UPPER[(n, device)] = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
+    return mask
 
 
 def _sequence_keys(storage: torch.Tensor, table: torch.Tensor, seq_len: int) -> torch.Tensor:
