@@ -30,7 +30,10 @@ def notes(app: ConsoleApp) -> str:
 
 def trickle(url: str, stop: threading.Event) -> threading.Thread:
     """A short completion every 0.3 s until ``stop``: the traffic a fleet serves meanwhile.
-    (Without any, the replacement was not seen here within 90 s: see the report of G16.)"""
+
+    Needed today: with ``/admin/state`` polled and no traffic after the kill, the state call
+    timed out on every replica (the survivor too) and no replacement was listed within 90 s;
+    unpolled, Ray had the replacement listed within 15 s; one completion unwedges it."""
 
     def run() -> None:
         while not stop.wait(0.3):
