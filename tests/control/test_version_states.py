@@ -238,7 +238,7 @@ def test_every_admin_operation_declares_what_it_answers(client: httpx.Client) ->
     assert len(declared) >= 10
     for operation, codes in declared.items():
         assert {"401", "403", "503"} <= codes, operation
-        assert codes & {"200", "201"}, operation  # its success (201 for a created schedule)
+        assert codes & {"200", "201", "202"}, operation  # its success (201: created, 202: started)
     assert {"404", "409", "422"} <= declared[("POST", "/admin/policy/rollback/{version}")]
     assert {"409", "422"} <= declared[("PUT", "/admin/policy")]
     assert "422" in declared[("GET", "/admin/policy/history")]
