@@ -4,7 +4,8 @@ In one process, with the bench's threads (``bench.cli.DEFAULT_THREADS``), on the
 checkpoint in float32, it captures two steps of issue 2's mixed workload run by the real engine
 (continuous): (a) the first prefill step (a 2,048-token chunk of packed prompts) and (b) the
 first decode step with 64 rows (contexts as the workload leaves them). Each is run again through
-the runner, timed with plain timers and broken down with ``torch.profiler``. The bound it is held
+the runner, timed with plain timers (alternating with its products alone, so both see the
+same load) and broken down with ``torch.profiler``. The bound it is held
 to: the step's weight products timed alone (the same weights, the same input shapes) plus an
 attention lower bound — for prefill, the chunk's causal attention FLOPs at the products' measured
 rate; for decode, the K/V bytes the rows read at this machine's measured copy rate.
@@ -20,6 +21,7 @@ import os
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,9 +114,9 @@ def _median_time(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def weight_products(model, tokens: int, sampled: int, reps: int) -> tuple[float, float]:
-    """Seconds for the step's weight products alone (every layer's, plus the sampled rows'
-    logits), and their FLOPs."""
+def weight_products(model, tokens: int, sampled: int) -> tuple[Callable[[], None], float]:
+    """The step's weight products alone (every layer's, plus the sampled rows' logits) as a
+    function to time, and their FLOPs."""
     hidden = model.config.hidden_size
     products = []
     for layer in model.layers:
@@ -138,7 +140,20 @@ def weight_products(model, tokens: int, sampled: int, reps: int) -> tuple[float,
     run()
     flops = sum(2 * tokens * w.shape[0] * w.shape[1] for _, w in products)
     flops += 2 * sampled * head.shape[0] * head.shape[1]
-    return _median_time(run, reps), flops
+    return run, flops
+
+
+def _paired_times(first, second, reps: int) -> tuple[list[float], list[float]]:
+    """Times of ``first`` and ``second`` taken alternately, so that on a shared machine both
+    see the same load (timed one after the other, a burst of load on one side moves the
+    ratio by tens of percent)."""
+    a, b = [], []
+    for _ in range(reps):
+        for fn, times in ((first, a), (second, b)):
+            started = _clock()
+            fn()
+            times.append(_clock() - started)
+    return a, b
 
 
 def copy_rate(megabytes: int = 256) -> float:
@@ -179,10 +194,11 @@ def profile_step(kind: str, runner, batch: ScheduledBatch, rate: float, reps: in
     first_started = _clock()
     runner.execute(batch)  # decode rows: the gather buffers hold them after this one
     first_s = _clock() - first_started
-    step_s = _median_time(lambda: runner.execute(batch), reps)
     tokens = sum(e.num_new_tokens + e.num_pad_tokens for e in batch.entries)
     sampled = sum(1 for e in batch.entries if e.sample)
-    weights_s, flops = weight_products(model, tokens, sampled, reps)
+    products, flops = weight_products(model, tokens, sampled)
+    steps, weights = _paired_times(lambda: runner.execute(batch), products, reps)
+    step_s, weights_s = statistics.median(steps), statistics.median(weights)
     matrix_rate = flops / weights_s
     layers, heads, dim = config.num_hidden_layers, config.num_attention_heads, config.head_dim
     kv_heads = config.num_key_value_heads
@@ -214,6 +230,11 @@ def profile_step(kind: str, runner, batch: ScheduledBatch, rate: float, reps: in
         "attention_bound_s": bound_s,
         **bound,
         "ratio": step_s / (weights_s + bound_s),
+        # the prefill bound is at the products' own rate, so it moves with each pair's
+        "ratio_paired": statistics.median(
+            s / (w + (bound_s * w / weights_s if kind == "prefill" else bound_s))
+            for s, w in zip(steps, weights, strict=True)
+        ),
         "profile_self_s": parts,
         "top_ops_self_s": top,
         "gather_stats": stats() if callable(stats) else None,
@@ -227,8 +248,9 @@ def markdown(label: str, doc: dict) -> str:
         f"`python -m bench.step_profile --label {label}`: `small`, float32, "
         f"{doc['threads']} torch threads, {doc.get('clock', 'wall')} clock, "
         f"load average {doc['load_average']} at start; "
-        f"copy rate {doc['copy_rate_gb_s']:.1f} GB/s. Step times are medians of "
-        f"{doc['reps']} executions of a step captured from the mixed workload.",
+        f"copy rate {doc['copy_rate_gb_s']:.1f} GB/s. Step and weight-product times "
+        f"are medians of {doc['reps']} alternated executions of a step captured from the "
+        "mixed workload and of its products alone.",
         "",
         "| | prefill step | decode step |",
         "|---|---:|---:|",
@@ -247,6 +269,8 @@ def markdown(label: str, doc: dict) -> str:
     row("attention lower bound", f"{p['attention_bound_s'] * ms:.1f} ms (causal FLOPs)",
         f"{d['attention_bound_s'] * ms:.1f} ms (K/V bytes)")  # fmt: skip
     row("**step / (weights + bound)**", f"**{p['ratio']:.2f}×**", f"**{d['ratio']:.2f}×**")
+    row("same, median of the alternated pairs", f"{p['ratio_paired']:.2f}×",
+        f"{d['ratio_paired']:.2f}×")  # fmt: skip
     labels = sorted(set(p["profile_self_s"]) | set(d["profile_self_s"]))
     out += ["", "Profiler self time by kind of work (one execution, profiler on):", ""]
     out += ["| work | prefill | decode |", "|---|---:|---:|"]
