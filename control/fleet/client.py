@@ -12,6 +12,7 @@ prompt (when prefix caching is on), then calls ``generate`` through the handle, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -101,8 +102,9 @@ class FleetEngine:
             try:
                 results[rid] = response.result(timeout_s=max(0.01, deadline - time.monotonic()))
             except Exception as exc:
-                response.cancel()
                 results[rid] = _as_timeout(exc)
+                with contextlib.suppress(Exception):  # it raises the error of a call that
+                    response.cancel()  # failed, even one failing just after the timeout
         return results
 
     async def probe_prefix(self, token_ids: list[int]) -> RouteHint | None:

@@ -34,18 +34,20 @@ class FleetRouter(RequestRouter):
         """Requests chosen for one replica and not yet sent: request id -> (replica, when)."""
 
     # -- what the client reads -----------------------------------------------------------
+    # From the control plane's threads, while Ray's router loop (another thread) changes
+    # these dicts: each is copied before it is walked.
 
     def replica_ids(self) -> list[str]:
-        return sorted(r.unique_id for r in self.curr_replicas)
+        return sorted(r.unique_id for r in list(self.curr_replicas))
 
     def loads(self) -> dict[str, ReplicaLoad | None]:
         return {
             rid.unique_id: ReplicaLoad.of(replica.routing_stats)
-            for rid, replica in self.curr_replicas.items()
+            for rid, replica in list(self.curr_replicas.items())
         }
 
     def in_flight(self) -> dict[str, int]:
-        counts = {rid: len(ids) for rid, ids in self._in_flight.items()}
+        counts = {rid: len(ids) for rid, ids in list(self._in_flight.items())}
         now = time.monotonic()
         for request, (rid, at) in list(self._provisional.items()):
             if now - at > PROVISIONAL_S:  # never sent (cancelled while routing)
