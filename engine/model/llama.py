@@ -145,7 +145,11 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config, dtype, device, shard)
 
     def forward(
-        self, x: torch.Tensor, rope: RopeTables, attention: AttentionBackend, meta
+        self,
+        x: torch.Tensor,
+        rope: RopeTables,
+        attention: AttentionBackend,
+        meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Adds to ``x`` in place (the residual stream is the model's own buffer)."""
         x.add_(self.self_attn(self.input_layernorm(x), rope, attention, meta))
