@@ -17,11 +17,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.control.support import TOKEN, ServerProcess, sse_events, state, wait_for
+from tests.control.support import TOKEN, ServerProcess, sse_events, state
 from tests.fleet.conftest import REPLICAS, fleet_server_process
 
 DRAIN_TIMEOUT_S = 2.0
 FLOOD = 24
+LONG = 1900
+"""Tokens of a stream the restart cuts (about 120 blocks of the 128 a replica has)."""
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +47,17 @@ def small_fleet(
     server.stop()
 
 
-def post_stream(url: str, max_tokens: int, out: list[Any]) -> None:
+def post_stream(
+    url: str, max_tokens: int, out: list[Any], first: threading.Event | None = None
+) -> None:
+    """One streamed request; ``first`` is set once its first chunk arrived."""
     body = {"prompt": "flood", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as response:
-        lines = list(response.iter_lines())
+        lines = []
+        for line in response.iter_lines():
+            lines.append(line)
+            if first is not None and line.startswith("data: {"):
+                first.set()
         out.append((response.status_code, dict(response.headers), lines))
 
 
@@ -102,14 +111,15 @@ def test_a_drain_past_its_timeout_ends_the_request_with_a_clear_error(
     small_fleet: ServerProcess,
 ) -> None:
     out: list[Any] = []
+    first = threading.Event()
     threads = [
-        threading.Thread(target=post_stream, args=(small_fleet.url, 1500, out))
+        threading.Thread(target=post_stream, args=(small_fleet.url, LONG, out, first))
         for _ in range(REPLICAS)
     ]
     for thread in threads:
         thread.start()
     with small_fleet.client() as http:
-        wait_for(lambda: sum(r["running"] for r in state(http)["replicas"]), 10)
+        assert first.wait(30)  # generating now (which takes over 10 s), the restart starts
         started = time.monotonic()
         argv = ["fleet", "restart", "--wait", "--url", small_fleet.url, "--token", TOKEN]
         cli = subprocess.run(
@@ -124,7 +134,7 @@ def test_a_drain_past_its_timeout_ends_the_request_with_a_clear_error(
             thread.join(60)
         assert len(out) == REPLICAS, "a stream hung past the drain timeout"
         cut = [errors(lines) for _, _, lines in out if errors(lines)]
-        assert cut, [lines[-3:] for _, _, lines in out]
+        assert cut, [(len(sse_events(lines)), lines[-6:]) for _, _, lines in out]
         for (error,) in cut:
             assert error["error"]["code"] == "engine_stopped"
             assert "rolling restart" in error["error"]["message"], error

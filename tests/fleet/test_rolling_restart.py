@@ -24,16 +24,38 @@ from tests.control.support import (
 )
 from tests.fleet.conftest import REPLICAS
 
-STREAM_TOKENS = 200
+STREAM_TOKENS = 600
 
 
-def stream(url: str, max_tokens: int, results: list[Any], ended: list[float]) -> None:
+def stream(
+    url: str, max_tokens: int, results: list[Any], ended: list[float], first: threading.Event
+) -> None:
+    """One streamed request; ``first`` is set once its first chunk arrived."""
     body = {"prompt": "across a restart", "max_tokens": max_tokens, "ignore_eos": True}
     with httpx.stream(
         "POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=180
     ) as response:
-        results.append((response.status_code, sse_events(list(response.iter_lines()))))
+        lines = []
+        for line in response.iter_lines():
+            lines.append(line)
+            first.set()
+        results.append((response.status_code, sse_events(lines)))
     ended.append(time.time())
+
+
+def keep_asking(url: str, statuses: list[int], done: threading.Event) -> None:
+    body = {"prompt": "meanwhile", "max_tokens": 2, "temperature": 0}
+    with httpx.Client(base_url=url, timeout=60) as http:
+        while not done.is_set():
+            statuses.append(http.post("/v1/completions", json=body).status_code)
+            time.sleep(0.05)
+
+
+def on_version(http: httpx.Client, version: int) -> list[dict[str, Any]] | None:
+    """Every replica, when there are ``REPLICAS`` and all are up on ``version``; else None."""
+    replicas = state(http)["replicas"]
+    ok = [r for r in replicas if r["up"] and r["version"] == version]
+    return ok if len(ok) == len(replicas) == REPLICAS else None
 
 
 def tokens_of(events: list[Any]) -> int:
@@ -46,17 +68,24 @@ def test_a_rolling_restart_drains_one_replica_at_a_time(
     fleet: httpx.Client, fleet_server: Any
 ) -> None:
     version = set_settings(fleet, policy={"name": "hybrid", "params": {}})["version"]
-    before = {r["replica"]: r["pid"] for r in state(fleet)["replicas"]}
+    ready = wait_for(  # every replica up on it (an earlier test may have killed one)
+        lambda: on_version(fleet, version), 60, 0.2
+    )
+    before = {r["replica"]: r["pid"] for r in ready}
     assert len(before) == REPLICAS
     results: list[Any] = []
     ended: list[float] = []
+    firsts = [threading.Event() for _ in range(REPLICAS)]
     streams = [
-        threading.Thread(target=stream, args=(fleet_server.url, STREAM_TOKENS, results, ended))
-        for _ in range(REPLICAS)
+        threading.Thread(
+            target=stream, args=(fleet_server.url, STREAM_TOKENS, results, ended, first)
+        )
+        for first in firsts
     ]
     for thread in streams:
         thread.start()
-    wait_for(lambda: all(r["running"] for r in state(fleet)["replicas"]), 10)
+    assert all(first.wait(30) for first in firsts)  # both generating (for 5 s or more)
+    assert all(r["running"] for r in state(fleet)["replicas"])  # one on each replica
 
     response = fleet.post("/admin/fleet/restart", headers=ADMIN)
     assert response.status_code == 202, response.text
@@ -66,24 +95,29 @@ def test_a_rolling_restart_drains_one_replica_at_a_time(
     again = fleet.post("/admin/fleet/restart", headers=ADMIN)
     assert again.status_code == 409 and "running" in again.json()["detail"]
 
+    statuses: list[int] = []  # a short request after another during the restart
+    done = threading.Event()
+    meanwhile = threading.Thread(target=keep_asking, args=(fleet_server.url, statuses, done))
+    meanwhile.start()
     timeline: list[tuple[set[int], set[int]]] = []  # (old pids up, new pids up) at each poll
-    answered, started = 0, time.monotonic()
     draining: set[str] = set()  # the replicas /admin/state showed draining
     new_views: list[dict[str, Any]] = []
-    while time.monotonic() - started < 150:
-        body = {"prompt": "meanwhile", "max_tokens": 2, "temperature": 0}
-        during = fleet.post("/v1/completions", json=body)
-        assert during.status_code == 200, during.text
-        answered += 1
-        now = state(fleet)
-        up = {r["pid"] for r in now["replicas"] if r["up"]}
-        assert up, f"no replica up during the restart: {now['replicas']}"
-        timeline.append((up & set(before.values()), up - set(before.values())))
-        new_views += [r for r in now["replicas"] if r["up"] and r["replica"] not in before]
-        draining |= {now["restart"]["draining"]} - {None}
-        if now["restart"]["state"] != "running":
-            break
-        time.sleep(0.1)
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < 150:
+            now = state(fleet)
+            up = {r["pid"] for r in now["replicas"] if r["up"]}
+            assert up, f"no replica up during the restart: {now['replicas']}"
+            timeline.append((up & set(before.values()), up - set(before.values())))
+            new_views += [r for r in now["replicas"] if r["up"] and r["replica"] not in before]
+            draining |= {now["restart"]["draining"]} - {None}
+            if now["restart"]["state"] != "running":
+                break
+            time.sleep(0.1)
+    finally:
+        done.set()
+        meanwhile.join(60)
+    assert len(statuses) >= 2 and set(statuses) == {200}, statuses
     assert now["restart"]["state"] == "done", now["restart"]
     assert sorted(now["restart"]["left"]) == sorted(before)
     assert draining and draining <= set(before), draining
@@ -100,20 +134,12 @@ def test_a_rolling_restart_drains_one_replica_at_a_time(
     assert min(ended) > restart["started_at"], (ended, restart)
     # One after the other, never none up: one old replica served while the first new one
     # started, then the first new one served while the second old one drained.
-    firsts = [i for i, (_, new) in enumerate(timeline) if new]
-    assert firsts and len(timeline[firsts[0]][1]) == 1, timeline
-    assert any(len(old) == 1 and not new for old, new in timeline[: firsts[0]]), timeline
-    assert any(len(new) == REPLICAS for _, new in timeline[firsts[0] :]), timeline
+    news = [i for i, (_, new) in enumerate(timeline) if new]
+    assert news and len(timeline[news[0]][1]) == 1, timeline
+    assert any(len(old) == 1 and not new for old, new in timeline[: news[0]]), timeline
+    assert any(len(new) == REPLICAS for _, new in timeline[news[0] :]), timeline
     assert all(not (old and len(new) == REPLICAS) for old, new in timeline), timeline
-    assert answered >= 2
-    after = wait_for(
-        lambda: (
-            [r for r in state(fleet)["replicas"] if r["up"] and r["version"] == version]
-            if len(state(fleet)["replicas"]) == REPLICAS
-            else None
-        ),
-        10,
-    )
+    after = wait_for(lambda: on_version(fleet, version), 10)
     assert len(after) == REPLICAS
     assert not {r["pid"] for r in after} & set(before.values())
     assert not set(r["replica"] for r in after) & set(before)
