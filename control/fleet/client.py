@@ -22,7 +22,7 @@ from ray import exceptions as ray_exceptions
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from control.fleet.registry import router_of
-from control.fleet.router import TARGET
+from control.fleet.router import TARGET, ReplicaGone
 from control.fleet.score import RouteHint
 from engine.async_engine import AsyncEngine, EngineStepError, EngineStopped, LoopHealth
 from engine.engine import LLMEngine
@@ -91,20 +91,35 @@ class FleetEngine:
 
     def call_each(self, method: str, *args: Any, timeout: float) -> dict[str, Any]:
         """``method`` on every live replica (from a thread, not the event loop): each one's
-        result, or the exception it ended with (``TimeoutError`` after ``timeout``)."""
+        result, or the exception it ended with (``TimeoutError`` after ``timeout``).
+
+        A replica that left between the listing and its call (drained by a rolling restart,
+        or replaced) is left out, and the replicas listed after it are asked too: the list
+        can change under a fan-out, and the one that took its place is live."""
         deadline = time.monotonic() + timeout
-        calls = {
-            rid: self.handle.options(method_name=method).remote(*args, **{TARGET: rid})
-            for rid in self.replica_ids()
-        }
         results: dict[str, Any] = {}
-        for rid, response in calls.items():
-            try:
-                results[rid] = response.result(timeout_s=max(0.01, deadline - time.monotonic()))
-            except Exception as exc:
-                results[rid] = _as_timeout(exc)
-                with contextlib.suppress(Exception):  # it raises the error of a call that
-                    response.cancel()  # failed, even one failing just after the timeout
+        asked: set[str] = set()
+        for _ in range(2):
+            ids = [rid for rid in self.replica_ids() if rid not in asked]
+            asked.update(ids)
+            calls = {
+                rid: self.handle.options(method_name=method).remote(*args, **{TARGET: rid})
+                for rid in ids
+            }
+            gone = False
+            for rid, response in calls.items():
+                try:
+                    timeout_s = max(0.01, deadline - time.monotonic())
+                    results[rid] = response.result(timeout_s=timeout_s)
+                except Exception as exc:
+                    if _is_gone(exc):
+                        gone = True
+                        continue
+                    results[rid] = _as_timeout(exc)
+                    with contextlib.suppress(Exception):  # it raises the error of a call that
+                        response.cancel()  # failed, even one failing just after the timeout
+            if not gone:
+                break
         return results
 
     async def probe_prefix(self, token_ids: list[int]) -> RouteHint | None:
@@ -198,6 +213,10 @@ def _public(exc: BaseException, lost_note: str | None = None) -> BaseException:
             lost_note or "the replica serving this request died; retry the request"
         )
     return EngineStepError(f"the replica failed: {type(cause or exc).__name__}")
+
+
+def _is_gone(exc: BaseException) -> bool:
+    return isinstance(exc, ReplicaGone) or isinstance(getattr(exc, "cause", None), ReplicaGone)
 
 
 def _as_timeout(exc: Exception) -> Exception:
