@@ -21,17 +21,16 @@ import os
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from bench.cli import DEFAULT_THREADS
 from bench.plan import SEED
 from bench.presets import MIXED_INPUTS, MIXED_OUTPUT, PRESETS
 from bench.runner import EngineFactory, EngineSettings
+from bench.step_timing import CLOCKS, Timer, weight_products
 from bench.suite import model_path
 from bench.workloads import mixed
 from engine.batch import ScheduledBatch
@@ -98,72 +97,6 @@ def capture(factory: EngineFactory, want, measure) -> Any:
     return probe.result
 
 
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
-"""``--clock cpu`` times with the process's CPU time: with ``--threads 1`` on a loaded
-machine it is what the step costs, not how long others kept it waiting (with more threads
-it counts their spin-waits too)."""
-_clock = CLOCKS["wall"]
-
-
-def _median_time(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        started = _clock()
-        fn()
-        times.append(_clock() - started)
-    return statistics.median(times)
-
-
-def weight_products(model, tokens: int, sampled: int) -> tuple[Callable[[], None], float]:
-    """The step's weight products alone (every layer's, plus the sampled rows' logits) as a
-    function to time, and their FLOPs."""
-    hidden = model.config.hidden_size
-    products = []
-    for layer in model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        products += [
-            (hidden, attn.qkv_proj),
-            (attn.q_size, attn.o_proj),
-            (hidden, mlp.gate_up_proj),
-            (mlp.down_proj.shape[1], mlp.down_proj),
-        ]
-    inputs = {n: torch.randn(tokens, n) for n, _ in products}
-    head = model.embed_tokens if model.lm_head is None else model.lm_head
-    rows = torch.randn(max(sampled, 1), hidden)
-
-    def run() -> None:
-        for n, weight in products:
-            F.linear(inputs[n], weight)
-        if sampled:
-            F.linear(rows, head)
-
-    run()
-    flops = sum(2 * tokens * w.shape[0] * w.shape[1] for _, w in products)
-    flops += 2 * sampled * head.shape[0] * head.shape[1]
-    return run, flops
-
-
-def _paired_times(first, second, reps: int) -> tuple[list[float], list[float]]:
-    """Times of ``first`` and ``second`` taken alternately, so that on a shared machine both
-    see the same load (timed one after the other, a burst of load on one side moves the
-    ratio by tens of percent)."""
-    a, b = [], []
-    for _ in range(reps):
-        for fn, times in ((first, a), (second, b)):
-            started = _clock()
-            fn()
-            times.append(_clock() - started)
-    return a, b
-
-
-def copy_rate(megabytes: int = 256) -> float:
-    """Bytes per second a plain tensor copy moves (bytes read) on this machine."""
-    src = torch.ones(megabytes * 2**20 // 4)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    return src.numel() * 4 / _median_time(lambda: dst.copy_(src), 5)
-
-
 def breakdown(runner, batch: ScheduledBatch) -> tuple[dict[str, float], dict[str, float]]:
     """Self CPU seconds per table row, and of the costliest ops, from ``torch.profiler`` over
     one execution."""
@@ -188,16 +121,16 @@ def breakdown(runner, batch: ScheduledBatch) -> tuple[dict[str, float], dict[str
     return dict(rows), top
 
 
-def profile_step(kind: str, runner, batch: ScheduledBatch, rate: float, reps: int) -> dict:
+def profile_step(
+    kind: str, runner, batch: ScheduledBatch, rate: float, reps: int, timer: Timer
+) -> dict:
     model = runner.model
     config = model.config
-    first_started = _clock()
-    runner.execute(batch)  # decode rows: the gather buffers hold them after this one
-    first_s = _clock() - first_started
+    first_s = timer.once(lambda: runner.execute(batch))  # decode rows: gathered after this one
     tokens = sum(e.num_new_tokens + e.num_pad_tokens for e in batch.entries)
     sampled = sum(1 for e in batch.entries if e.sample)
     products, flops = weight_products(model, tokens, sampled)
-    steps, weights = _paired_times(lambda: runner.execute(batch), products, reps)
+    steps, weights = timer.paired(lambda: runner.execute(batch), products, reps)
     step_s, weights_s = statistics.median(steps), statistics.median(weights)
     matrix_rate = flops / weights_s
     layers, heads, dim = config.num_hidden_layers, config.num_attention_heads, config.head_dim
@@ -288,12 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT, help="folder for <label>.json/.md")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     args = parser.parse_args(argv)
-    global _clock
-    _clock = CLOCKS[args.clock]
+    timer = Timer(CLOCKS[args.clock])
     torch.set_num_threads(args.threads)
     load = [round(x, 2) for x in os.getloadavg()]
     factory = EngineFactory(model_path(PRESETS["cpu"], None), "cpu", "float32")
-    rate = copy_rate()
+    rate = timer.copy_rate()
     doc: dict[str, Any] = {
         "label": args.label,
         "threads": args.threads,
@@ -307,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
             doc[kind] = capture(
                 factory,
                 want,
-                lambda runner, batch, kind=kind: profile_step(kind, runner, batch, rate, args.reps),
+                lambda runner, batch, kind=kind: profile_step(
+                    kind, runner, batch, rate, args.reps, timer
+                ),
             )
     doc["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     args.out.mkdir(parents=True, exist_ok=True)
