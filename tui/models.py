@@ -148,19 +148,6 @@ class DemoLoadView(Model):
     running: bool = False
 
 
-class ReclaimRun(Model):
-    at: str | None = None
-    trigger: str = "scheduled"
-    outcome: str = "ok"
-    freed: int = 0
-    evicted: int = 0
-    free_before: int | None = None
-    free_after: int | None = None
-    reserve_breached: bool = False
-    duration_s: float | None = None
-    error: str | None = None
-
-
 class ReplicaReclaim(Model):
     """A replica's last reclaim sweep (no timestamp: the sweep runs on the fleet's schedule)."""
 
@@ -170,6 +157,15 @@ class ReplicaReclaim(Model):
     free_after: int | None = None
     reserve_breached: bool = False
     duration_s: float | None = None
+
+
+class ReclaimRun(ReplicaReclaim):
+    """A recorded sweep of the control plane's: the figures, and when, why and how it ended."""
+
+    at: str | None = None
+    trigger: str = "scheduled"
+    outcome: str = "ok"
+    error: str | None = None
 
 
 class ReplicaView(Model):

@@ -107,6 +107,9 @@ def test_a_killed_replica_comes_back_and_the_endpoint_keeps_answering(
         thread.start()
     wait_for(lambda: sum(r["running"] for r in replicas(fleet).values()) == REPLICAS, 10)
     victim = next(r for r in replicas(fleet).values() if r["running"])
+    # One stream per replica as a rule; on a loaded machine Ray's queue probe may time out and
+    # put both on one. The streams on the victim end with an error, the others run on.
+    on_victim = victim["running"]
     os.kill(victim["pid"], signal.SIGKILL)
     killed = time.monotonic()
     answered = 0
@@ -129,5 +132,6 @@ def test_a_killed_replica_comes_back_and_the_endpoint_keeps_answering(
         for events, _ in results
         if not any("error" in e for e in events[:-1] if isinstance(e, dict))
     ]
-    assert len(errors) == 1 and "replica" in errors[0]["error"]["message"], results
-    assert len(finished) == 1  # the survivor's request ran to the end
+    assert len(errors) == on_victim, results
+    assert all("replica" in e["error"]["message"] for e in errors), errors
+    assert len(finished) == REPLICAS - on_victim  # the survivor's requests ran to the end

@@ -46,6 +46,16 @@ def state_series(count: int) -> list[dict[str, Any]]:
     return states
 
 
+class FakeClock:
+    """The console's clock in tests: it moves only when a test sets ``now``."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class RecordedServer:
     """Answers from recorded JSON; remembers every request. ``states`` are served in order
     and the last one repeats. Set ``down`` to refuse connections."""

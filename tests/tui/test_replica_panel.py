@@ -6,21 +6,13 @@ from __future__ import annotations
 from textual.widgets import DataTable, Static
 
 from tests.tui.conftest import poll_times, quiet_settings, wait_for
-from tests.tui.recorded import REPLACEMENT, RecordedServer, fleet_states
+from tests.tui.recorded import REPLACEMENT, FakeClock, RecordedServer, fleet_states
 from tui.app import ConsoleApp
 from tui.models import ReplicaView
 from tui.replicas import GONE_KEEP_S, RESTART_MARK_S, ReplicaRoster
 from tui.widgets.replica_panel import ReplicaPanel
 
 SIZE = (120, 40)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def rows(app: ConsoleApp) -> dict[str, list[str]]:

@@ -10,20 +10,12 @@ from textual.pilot import Pilot
 from textual.widgets import Input
 
 from tests.tui.conftest import poll_times, quiet_settings, wait_for
-from tests.tui.recorded import RecordedServer, fleet_states, reply, state_series
+from tests.tui.recorded import FakeClock, RecordedServer, fleet_states, reply, state_series
 from tui.app import ConsoleApp
 from tui.screens.history import HistoryScreen
 from tui.screens.policy_editor import PolicyEditorScreen
 
 SIZE = (120, 40)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def console(server: RecordedServer, **settings: object) -> ConsoleApp:
