@@ -69,9 +69,11 @@ def test_window_applies_then_restores_and_survives_restart(server: ServerProcess
         assert made["actor"] == "ops" and not made["active"]
 
         applied = wait_for(  # the version is stored `pending`, then `applied` at a step
-            lambda: (p := policy(http))["settings"]["policy"]["name"] == "dynamic"
-            and p["status"]["state"] == "applied"
-            and p,
+            lambda: (
+                (p := policy(http))["settings"]["policy"]["name"] == "dynamic"
+                and p["status"]["state"] == "applied"
+                and p
+            ),
             15,
         )
         assert datetime.now(UTC) >= start
@@ -85,9 +87,11 @@ def test_window_applies_then_restores_and_survives_restart(server: ServerProcess
         assert listed["active"] == sid
 
         restored = wait_for(
-            lambda: (p := policy(http))["settings"]["policy"]["name"] == "continuous"
-            and p["status"]["state"] == "applied"
-            and p,
+            lambda: (
+                (p := policy(http))["settings"]["policy"]["name"] == "continuous"
+                and p["status"]["state"] == "applied"
+                and p
+            ),
             20,
         )
         assert restored["actor"] == f"schedule:{sid}"
