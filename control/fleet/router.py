@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from typing import NamedTuple
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
@@ -18,9 +19,18 @@ from control.fleet import registry
 from control.fleet.score import ReplicaLoad, RouteHint, rank
 
 TARGET = "replica"
+"""The keyword that sends a call to one replica."""
 PROVISIONAL_S = 5.0
 """How long a request chosen for a replica counts there before Ray reports it sent."""
-"""The keyword that sends a call to one replica."""
+
+
+class Provisional(NamedTuple):
+    """A ``generate`` call chosen for a replica and not yet sent there."""
+
+    replica: str
+    at: float
+    tries: int
+    """How many times Ray asked where to send it (a failed queue probe asks again)."""
 
 
 class ReplicaGone(RuntimeError):
@@ -30,8 +40,8 @@ class ReplicaGone(RuntimeError):
 class FleetRouter(RequestRouter):
     def initialize_state(self, **kwargs) -> None:
         self._in_flight: dict[str, set[str]] = defaultdict(set)
-        self._provisional: dict[str, tuple[str, float]] = {}
-        """Requests chosen for one replica and not yet sent: request id -> (replica, when)."""
+        self._provisional: dict[str, Provisional] = {}
+        """Requests chosen for one replica and not yet sent, by Ray's request id."""
 
     # -- what the client reads -----------------------------------------------------------
     # From the control plane's threads, while Ray's router loop (another thread) changes
@@ -49,7 +59,7 @@ class FleetRouter(RequestRouter):
     def in_flight(self) -> dict[str, int]:
         counts = {rid: len(ids) for rid, ids in list(self._in_flight.items())}
         now = time.monotonic()
-        for request, (rid, at) in list(self._provisional.items()):
+        for request, (rid, at, _) in list(self._provisional.items()):
             if now - at > PROVISIONAL_S:  # never sent (cancelled while routing)
                 self._provisional.pop(request, None)
             else:
@@ -83,14 +93,23 @@ class FleetRouter(RequestRouter):
                 pending_request.future.set_exception(ReplicaGone(f"replica {target} is gone"))
             return [candidate_replicas]
         hint = kwargs.get("route")
+        metadata = pending_request.metadata if pending_request is not None else None
+        generate = metadata is not None and metadata.call_method == "generate"
+        before = self._provisional.pop(metadata.internal_request_id, None) if generate else None
         loads = {rid: ReplicaLoad.of(r.routing_stats) for rid, r in by_id.items()}
         ranks = rank(
-            list(by_id), loads, self.in_flight(), hint if isinstance(hint, RouteHint) else None
+            list(by_id),
+            loads,
+            self.in_flight(),  # this request's own earlier choice no longer counted
+            hint if isinstance(hint, RouteHint) else None,
+            attempt=before.tries if before else 0,
         )
-        metadata = pending_request.metadata if pending_request is not None else None
-        if ranks and len(ranks[0]) == 1 and metadata and metadata.call_method == "generate":
+        if generate and ranks:
             # Counted at once: the other routing tasks of a burst see it before it is sent.
-            self._provisional[metadata.internal_request_id] = (ranks[0][0], time.monotonic())
+            tries = (before.tries if before else 0) + 1
+            self._provisional[metadata.internal_request_id] = Provisional(
+                ranks[0][0], time.monotonic(), tries
+            )
         return [[by_id[rid] for rid in ids] for ids in ranks]
 
     def on_request_routed(

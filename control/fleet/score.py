@@ -13,10 +13,17 @@ a burst outruns). ``hit_blocks`` is the replica's longest cached prefix for this
 hit is worth ``PREFIX_WEIGHT`` queued requests, so a cached prefix wins while queues are
 balanced and loses once its replica is that much busier. A replica whose free KV blocks above
 the reserve cannot hold the prompt's uncached blocks would queue it: it is ranked after every
-replica that can. The best score gets the request (equal scores: one at random), the others
-form the next rank, which Ray Serve tries when the first replica's queue is full. Replicas
-without stats yet and requests without a prompt hint fall back to power-of-two choices (two at
-random; Ray Serve probes both queues and takes the shorter).
+replica that can. The best score gets the request (equal scores: one at random). Replicas
+without stats yet and requests without a prompt hint fall back to power-of-two choices, decided
+here: two at random, the one with fewer requests in flight from this control plane (exact, and
+counted at once, so a burst's routing tasks do not all pick the replica whose queue Ray last
+probed as empty).
+
+Ray Serve is given the chosen replica alone (it still probes that replica's queue) until
+``FALLBACK_AFTER`` tries of one request failed (a probe timed out on a loaded machine, a full
+queue); then the others form a second rank. Offered at once, that second rank took requests
+whenever a probe timed out, while the in-flight count had them on the first: under load two
+simultaneous requests could land on one replica.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ PREFIX_WEIGHT = 2.0
 """A whole prompt found in a replica's prefix cache is worth this many queued requests."""
 ROUTING_STATS_PERIOD_S = 0.5
 """How often Ray Serve asks each replica for its routing stats."""
+FALLBACK_AFTER = 3
+"""Tries of one request on its chosen replica before the other replicas are offered too."""
 
 
 @dataclass(frozen=True)
@@ -74,33 +83,35 @@ def rank(
     in_flight: Mapping[str, int],
     hint: RouteHint | None,
     rng: random.Random | None = None,
+    attempt: int = 0,
 ) -> list[list[str]]:
-    """Replica ids in ranks, the best first (Ray tries a rank's members by queue length)."""
+    """Replica ids in ranks, the chosen one first alone; the rest as a second rank from the
+    ``FALLBACK_AFTER``-th try of the same request on (``attempt`` counts from 0)."""
     rng = rng or random
     if not replicas:
         return []
     known = [r for r in replicas if loads.get(r) is not None]
     if hint is None or len(known) < len(replicas):
-        return [two_choices(replicas, in_flight, rng)]
-    scored = []
-    for r in replicas:
-        load = loads[r]
-        assert load is not None
-        hits = hint.hits.get(r, 0)
-        fits = load.free_blocks >= hint.prompt_blocks - hits
-        scored.append((not fits, score(load, in_flight.get(r), hits, hint.prompt_blocks), r))
-    scored.sort(key=lambda item: (item[0], item[1], rng.random()))  # equal scores: at random
-    ranked = [r for _, _, r in scored]
-    return [ranked[:1], ranked[1:]] if len(ranked) > 1 else [ranked]
+        ranked = two_choices(replicas, in_flight, rng)
+    else:
+        scored = []
+        for r in replicas:
+            load = loads[r]
+            assert load is not None
+            hits = hint.hits.get(r, 0)
+            fits = load.free_blocks >= hint.prompt_blocks - hits
+            scored.append((not fits, score(load, in_flight.get(r), hits, hint.prompt_blocks), r))
+        scored.sort(key=lambda item: (item[0], item[1], rng.random()))  # equal scores: at random
+        ranked = [r for _, _, r in scored]
+    rest = [r for r in replicas if r != ranked[0]]
+    return [ranked[:1], rest] if rest and attempt >= FALLBACK_AFTER else [ranked[:1]]
 
 
 def two_choices(
     replicas: Sequence[str], in_flight: Mapping[str, int], rng: random.Random | random.Random
 ) -> list[str]:
-    """Power of two choices: two replicas at random, the one with fewer in flight first."""
-    if len(replicas) <= 2:
-        picked = list(replicas)
-        rng.shuffle(picked)
-    else:
-        picked = rng.sample(list(replicas), 2)
+    """Power of two choices: two replicas at random, the one with fewer in flight first
+    (equal counts: either)."""
+    picked = list(replicas) if len(replicas) <= 2 else rng.sample(list(replicas), 2)
+    rng.shuffle(picked)
     return sorted(picked, key=lambda r: in_flight.get(r, 0))

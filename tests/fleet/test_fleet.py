@@ -105,8 +105,13 @@ def test_a_killed_replica_comes_back_and_the_endpoint_keeps_answering(
     ]
     for thread in threads:
         thread.start()
-    wait_for(lambda: sum(r["running"] for r in replicas(fleet).values()) == REPLICAS, 10)
-    victim = next(r for r in replicas(fleet).values() if r["running"])
+
+    def both_running() -> dict[str, dict[str, Any]] | None:
+        now = replicas(fleet)  # one state showing both (a later one may time a replica out)
+        return now if sum(r["running"] for r in now.values()) == REPLICAS else None
+
+    running = wait_for(both_running, 10)
+    victim = next(r for r in running.values() if r["running"])
     # One stream per replica as a rule; on a loaded machine Ray's queue probe may time out and
     # put both on one. The streams on the victim end with an error, the others run on.
     on_victim = victim["running"]
