@@ -9,18 +9,7 @@ from pydantic import BaseModel, Field
 
 from control import schemas
 from control.fleet.replica import ReplicaReport
-from engine.kv_stats import KVStats
-
-
-class ReplicaReclaim(BaseModel):
-    """The replica's last reclaim sweep (each replica sweeps its own pool)."""
-
-    freed: int
-    evicted: int
-    free_before: int
-    free_after: int
-    reserve_breached: bool
-    duration_s: float
+from engine.kv_stats import KVStats, ReclaimResult
 
 
 class ReplicaView(BaseModel):
@@ -37,7 +26,9 @@ class ReplicaView(BaseModel):
     free_blocks: int = Field(0, description="Free or cached KV blocks above the reserve.")
     kv: KVStats | None = None
     generation_tokens: int = 0
-    last_reclaim: ReplicaReclaim | None = None
+    last_reclaim: ReclaimResult | None = Field(
+        None, description="The replica's last reclaim sweep (each sweeps its own pool)."
+    )
 
     @classmethod
     def of(cls, replica: str, report: ReplicaReport | Exception, in_flight: int) -> ReplicaView:
@@ -58,7 +49,7 @@ class ReplicaView(BaseModel):
             free_blocks=max(0, kv.free + kv.cached - kv.reserved),
             kv=kv,
             generation_tokens=snap.totals.generation_tokens,
-            last_reclaim=ReplicaReclaim(**vars(reclaim)) if reclaim else None,
+            last_reclaim=reclaim,
         )
 
 
