@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
-from tests.control.admin_cli_support import server_fixture
 from tests.control.support import (
     ADMIN,
+    TOKEN,
     ServerProcess,
     set_settings,
     sse_events,
@@ -149,7 +152,12 @@ def test_a_rolling_restart_drains_one_replica_at_a_time(
     set_settings(fleet, policy={"name": "continuous", "params": {}})
 
 
-single = server_fixture("single")
+@pytest.fixture
+def single(tiny_model_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+    server = ServerProcess(tiny_model_dir, tmp_path, ["--admin-token", TOKEN], {})
+    server.start()
+    yield server
+    server.stop()
 
 
 def test_a_restart_needs_a_fleet_and_the_admin_token(single: ServerProcess) -> None:
