@@ -153,6 +153,7 @@ SERVER_LIMITS = (
     "max_stop_strings",
     "max_stop_length",
     "fleet_drain_timeout_s",
+    "prefix_probe_timeout_s",
 )
 """Server settings with a default whose flag, type and help are read from ``Settings``."""
 

@@ -146,6 +146,14 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
         description="A restart (servedeck fleet restart) lets a replica's requests finish this "
         "long before it ends the rest with an error.",
     )
+    prefix_probe_timeout_s: float = Field(
+        0.5,
+        ge=0,
+        le=10,
+        description="How long routing waits for each replica to say how much of a prompt its "
+        "prefix cache holds; the router's memory of where it sent each prefix stands in for a "
+        "late answer (0: no probe, the memory alone, no added latency).",
+    )
     testing: bool = Field(False, description="Expose test-only routes (never in production).")
     log_level: str = "info"
     cors_allow_origins: str | None = Field(

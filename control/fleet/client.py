@@ -21,6 +21,8 @@ from typing import Any
 from ray import exceptions as ray_exceptions
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
+from control.core.config import Settings
+from control.fleet.affinity import prefix_hashes
 from control.fleet.registry import router_of
 from control.fleet.router import TARGET, ReplicaGone
 from control.fleet.score import RouteHint
@@ -32,8 +34,6 @@ from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
-PROBE_TIMEOUT_S = 0.5
-"""How long routing waits for the replicas' prefix-cache answers (then routes without)."""
 PASSED_THROUGH = (RequestRejected, QueueFull, EngineStepError, EngineStopped)
 """Errors a replica raises that reach the routes as themselves."""
 
@@ -45,8 +45,12 @@ class FleetEngine:
         deployment: str,
         front: AsyncEngine,
         on_finished: Callable[[RequestOutput], None] | None = None,
+        probe_timeout_s: float = Settings.model_fields["prefix_probe_timeout_s"].default,
     ) -> None:
         self.handle = handle
+        self.probe_timeout_s = probe_timeout_s
+        """How long routing waits for the replicas' prefix-cache answers (the router's memory
+        stands in for a replica that has not answered by then; 0: no probe)."""
         self.deployment = deployment
         self.front = front
         self.on_finished = on_finished
@@ -123,22 +127,25 @@ class FleetEngine:
         return results
 
     async def probe_prefix(self, token_ids: list[int]) -> RouteHint | None:
-        blocks = self.engine.limits.block_size
-        prompt_blocks = (len(token_ids) - 1) // blocks
-        if not self.engine.blocks.enable_prefix_caching or prompt_blocks < 1:
+        """Each replica's cached blocks of this prompt, from those that answered within
+        ``probe_timeout_s`` (the router's memory stands in for the others)."""
+        blocks = prefix_hashes(token_ids, self.engine.limits.block_size)
+        if not self.engine.blocks.enable_prefix_caching or not blocks:
             return None
-        ids = self.replica_ids()
-        calls = [
-            self.handle.options(method_name="match_prefix").remote(token_ids, **{TARGET: rid})
-            for rid in ids
-        ]
-        done = (
-            await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), PROBE_TIMEOUT_S)
-            if calls
-            else []
-        )
-        hits = {rid: n for rid, n in zip(ids, done, strict=True) if isinstance(n, int)}
-        return RouteHint(prompt_blocks=prompt_blocks, hits=hits)
+        probe = self.handle.options(method_name="match_prefix")
+        calls = {
+            asyncio.ensure_future(probe.remote(token_ids, **{TARGET: rid})): rid
+            for rid in (self.replica_ids() if self.probe_timeout_s > 0 else [])
+        }
+        hits: dict[str, int] = {}
+        if calls:
+            done, late = await asyncio.wait(calls, timeout=self.probe_timeout_s)
+            for call in late:
+                call.cancel()
+            for call in done:
+                if not call.cancelled() and call.exception() is None:
+                    hits[calls[call]] = call.result()
+        return RouteHint(prompt_blocks=len(blocks), hits=hits, blocks=blocks)
 
 
 class FleetStream:
@@ -163,10 +170,7 @@ class FleetStream:
         if self._gen is not None or self._done:
             return
         try:
-            try:
-                hint = await self.fleet.probe_prefix(self._args[0])
-            except TimeoutError:
-                hint = None
+            hint = await self.fleet.probe_prefix(self._args[0])
             handle = self.fleet.handle.options(stream=True, method_name="generate")
             self._gen = handle.remote(*self._args, route=hint)
             await self._gen.__anext__()  # the replica's acknowledgement

@@ -90,7 +90,9 @@ class Fleet:
             handle = serve.run(app, name=name, route_prefix=None)
             fleet = cls(
                 settings,
-                FleetEngine(handle, DEPLOYMENT, front, on_finished),
+                FleetEngine(
+                    handle, DEPLOYMENT, front, on_finished, settings.prefix_probe_timeout_s
+                ),
                 name,
                 in_force,
                 version,

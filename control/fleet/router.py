@@ -2,7 +2,8 @@
 
 A call with a ``replica`` keyword goes to that replica alone (the control plane's fan-out).
 A ``generate`` call is ranked by ``score.rank`` over the replicas' routing stats, the requests
-in flight from here, and the prefix-cache hits the client probed (its ``route`` keyword).
+in flight from here, and the prefix-cache hits the client probed (its ``route`` keyword),
+with ``affinity.PrefixAffinity`` standing in for a replica that did not answer the probe.
 The router lives in the process holding the deployment handle (the control plane); it
 registers itself (``registry.py``) so the fleet client can list the live replicas and their stats.
 """
@@ -16,6 +17,7 @@ from typing import NamedTuple
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from control.fleet import registry
+from control.fleet.affinity import PrefixAffinity, merged
 from control.fleet.score import ReplicaLoad, RouteHint, rank
 
 TARGET = "replica"
@@ -42,6 +44,8 @@ class FleetRouter(RequestRouter):
         self._in_flight: dict[str, set[str]] = defaultdict(set)
         self._provisional: dict[str, Provisional] = {}
         """Requests chosen for one replica and not yet sent, by Ray's request id."""
+        self._affinity = PrefixAffinity()
+        """Where each prompt prefix was sent: the hits of a replica whose probe was late."""
 
     # -- what the client reads -----------------------------------------------------------
     # From the control plane's threads, while Ray's router loop (another thread) changes
@@ -74,6 +78,7 @@ class FleetRouter(RequestRouter):
         live = {r.replica_id.unique_id for r in replicas}
         for gone in set(self._in_flight) - live:
             del self._in_flight[gone]
+        self._affinity.keep_only(live)
 
     async def choose_replicas(
         self,
@@ -93,6 +98,11 @@ class FleetRouter(RequestRouter):
                 pending_request.future.set_exception(ReplicaGone(f"replica {target} is gone"))
             return [candidate_replicas]
         hint = kwargs.get("route")
+        if isinstance(hint, RouteHint):  # a replica that did not answer the probe: memory
+            remembered = self._affinity.hits(hint.blocks)
+            hint = RouteHint(hint.prompt_blocks, merged(hint.hits, remembered), hint.blocks)
+        else:
+            hint = None
         metadata = pending_request.metadata if pending_request is not None else None
         generate = metadata is not None and metadata.call_method == "generate"
         before = self._provisional.pop(metadata.internal_request_id, None) if generate else None
@@ -101,7 +111,7 @@ class FleetRouter(RequestRouter):
             list(by_id),
             loads,
             self.in_flight(),  # this request's own earlier choice no longer counted
-            hint if isinstance(hint, RouteHint) else None,
+            hint,
             attempt=before.tries if before else 0,
         )
         if generate and ranks:
@@ -119,6 +129,9 @@ class FleetRouter(RequestRouter):
             request = pending_request.metadata.internal_request_id
             self._provisional.pop(request, None)
             self._in_flight[replica_id.unique_id].add(request)
+            hint = pending_request.kwargs.get("route")
+            if isinstance(hint, RouteHint) and hint.blocks:
+                self._affinity.record(hint.blocks, replica_id.unique_id)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         self._in_flight.get(replica_id.unique_id, set()).discard(internal_request_id)

@@ -9,15 +9,17 @@ For a request to replica ``r`` (lower is better)::
 counts there at once), or, for a replica it has not routed to yet, ``waiting + running`` from
 the replica's routing stats (up to ``ROUTING_STATS_PERIOD_S`` old plus Ray's propagation, which
 a burst outruns). ``hit_blocks`` is the replica's longest cached prefix for this prompt
-(``BlockManager.match_prefix``, asked just before routing when prefix caching is on); a full
-hit is worth ``PREFIX_WEIGHT`` queued requests, so a cached prefix wins while queues are
-balanced and loses once its replica is that much busier. A replica whose free KV blocks above
-the reserve cannot hold the prompt's uncached blocks would queue it: it is ranked after every
-replica that can. The best score gets the request (equal scores: one at random). Replicas
-without stats yet and requests without a prompt hint fall back to power-of-two choices, decided
-here: two at random, the one with fewer requests in flight from this control plane (exact, and
-counted at once, so a burst's routing tasks do not all pick the replica whose queue Ray last
-probed as empty).
+(``BlockManager.match_prefix``, asked just before routing when prefix caching is on; for a
+replica that did not answer in time, the router's memory of the prefixes it sent there,
+``affinity.py``); a full hit is worth ``PREFIX_WEIGHT`` queued requests, so a cached prefix
+wins while queues are balanced and loses once its replica is that much busier. A replica whose
+free KV blocks above the reserve cannot hold the prompt's uncached blocks would queue it: it is
+ranked after every replica that can; one without routing stats yet (just started) is scored by
+its requests in flight from here. The best score gets the request (equal scores: one at
+random). Requests without a prompt hint (prefix caching off, a prompt under one block) fall
+back to power-of-two choices, decided here: two at random, the one with fewer requests in
+flight from this control plane (exact, and counted at once, so a burst's routing tasks do not
+all pick the replica whose queue Ray last probed as empty).
 
 Ray Serve is given the chosen replica alone (it still probes that replica's queue) until
 ``FALLBACK_AFTER`` tries of one request failed (a probe timed out on a loaded machine, a full
@@ -70,6 +72,9 @@ class RouteHint:
     prompt_blocks: int
     hits: Mapping[str, int]
     """Cached prefix blocks per replica id (absent: unknown, counted as 0)."""
+    blocks: tuple[int, ...] = ()
+    """The prompt's prefix block hashes (``affinity.prefix_hashes``): what the router
+    remembers where it sent, and looks up for a replica whose probe did not answer."""
 
 
 def score(load: ReplicaLoad, in_flight: int | None, hits: int, prompt_blocks: int) -> float:
@@ -90,17 +95,19 @@ def rank(
     rng = rng or random
     if not replicas:
         return []
-    known = [r for r in replicas if loads.get(r) is not None]
-    if hint is None or len(known) < len(replicas):
+    if hint is None:
         ranked = two_choices(replicas, in_flight, rng)
     else:
         scored = []
         for r in replicas:
-            load = loads[r]
-            assert load is not None
-            hits = hint.hits.get(r, 0)
-            fits = load.free_blocks >= hint.prompt_blocks - hits
-            scored.append((not fits, score(load, in_flight.get(r), hits, hint.prompt_blocks), r))
+            load, hits = loads.get(r), hint.hits.get(r, 0)
+            if load is None:  # no stats yet: its queue is what was routed there from here
+                fits, load = True, ReplicaLoad()
+                cost = score(load, in_flight.get(r, 0), hits, hint.prompt_blocks)
+            else:
+                fits = load.free_blocks >= hint.prompt_blocks - hits
+                cost = score(load, in_flight.get(r), hits, hint.prompt_blocks)
+            scored.append((not fits, cost, r))
         scored.sort(key=lambda item: (item[0], item[1], rng.random()))  # equal scores: at random
         ranked = [r for _, _, r in scored]
     rest = [r for r in replicas if r != ranked[0]]

@@ -16,30 +16,7 @@ import pytest
 
 from tests.control.support import set_settings, sse_events, state, wait_for
 from tests.fleet.conftest import REPLICAS
-
-
-def replicas(http: httpx.Client) -> dict[str, dict[str, Any]]:
-    return {r["replica"]: r for r in state(http)["replicas"]}
-
-
-def generated(http: httpx.Client) -> dict[str, int]:
-    return {rid: r["generation_tokens"] for rid, r in replicas(http).items()}
-
-
-def complete(http: httpx.Client, prompt: Any, max_tokens: int = 4) -> dict[str, Any]:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-    response = http.post("/v1/completions", json=body)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def served_by(http: httpx.Client, prompt: list[int]) -> str:
-    """The replica whose generated-token count grew by this request's tokens."""
-    before = generated(http)
-    complete(http, prompt)
-    after = generated(http)
-    (replica,) = [rid for rid in after if after[rid] - before.get(rid, 0) == 4]
-    return replica
+from tests.fleet.support import complete, replicas, served_by
 
 
 def test_state_shows_each_replica_and_the_totals(fleet: httpx.Client) -> None:

@@ -23,6 +23,7 @@ from tests.control.support import (
     wait_for,
 )
 from tests.fleet.conftest import REPLICAS
+from tests.fleet.support import all_up
 
 STREAM_TOKENS = 600
 
@@ -85,7 +86,9 @@ def test_a_rolling_restart_drains_one_replica_at_a_time(
     for thread in streams:
         thread.start()
     assert all(first.wait(30) for first in firsts)  # both generating (for 5 s or more)
-    assert sum(r["running"] for r in state(fleet)["replicas"]) == REPLICAS
+    # ... in a state where each replica answered (a replica's state call that runs past its
+    # 2 s on a loaded machine shows it down, with zeros)
+    wait_for(lambda: sum(r["running"] for r in all_up(fleet).values()) == REPLICAS, 15, 0.1)
 
     response = fleet.post("/admin/fleet/restart", headers=ADMIN)
     assert response.status_code == 202, response.text

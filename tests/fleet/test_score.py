@@ -43,13 +43,12 @@ def test_the_others_are_offered_only_after_the_chosen_one_failed_its_tries() -> 
     assert len(first) == 1 and sorted(first + rest[0]) == ["a", "b", "c"]
 
 
-def test_power_of_two_choices_without_stats_or_hint() -> None:
+def test_power_of_two_choices_without_a_hint() -> None:
     """Two at random, the one with fewer requests in flight from here (decided here, not by
-    Ray's queue probe, which a burst outruns)."""
+    Ray's queue probe, which a burst outruns); stats or none."""
     rng = random.Random(0)
     loads = {"a": None, "b": ReplicaLoad(), "c": ReplicaLoad()}
-    hint = RouteHint(2, {})
-    chosen = {rank(["a", "b", "c"], loads, {"a": 5}, hint, rng)[0][0] for _ in range(40)}
+    chosen = {rank(["a", "b", "c"], loads, {"a": 5}, None, rng)[0][0] for _ in range(40)}
     assert chosen == {"b", "c"}  # "a" loses every pair it is drawn in
     full = {"a": ReplicaLoad(), "b": ReplicaLoad()}
     assert rank(["a", "b"], full, {"b": 1}, None, rng) == [["a"]]
