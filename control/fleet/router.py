@@ -10,29 +10,15 @@ registers itself (``registry.py``) so the fleet client can list the live replica
 
 from __future__ import annotations
 
-import time
-from collections import defaultdict
-from typing import NamedTuple
-
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from control.fleet import registry
 from control.fleet.affinity import PrefixAffinity, merged
+from control.fleet.inflight import InFlight
 from control.fleet.score import ReplicaLoad, RouteHint, rank
 
 TARGET = "replica"
 """The keyword that sends a call to one replica."""
-PROVISIONAL_S = 5.0
-"""How long a request chosen for a replica counts there before Ray reports it sent."""
-
-
-class Provisional(NamedTuple):
-    """A ``generate`` call chosen for a replica and not yet sent there."""
-
-    replica: str
-    at: float
-    tries: int
-    """How many times Ray asked where to send it (a failed queue probe asks again)."""
 
 
 class ReplicaGone(RuntimeError):
@@ -41,15 +27,14 @@ class ReplicaGone(RuntimeError):
 
 class FleetRouter(RequestRouter):
     def initialize_state(self, **kwargs) -> None:
-        self._in_flight: dict[str, set[str]] = defaultdict(set)
-        self._provisional: dict[str, Provisional] = {}
-        """Requests chosen for one replica and not yet sent, by Ray's request id."""
+        self._in_flight = InFlight()
+        """``generate`` requests chosen for or sent to each replica, by Ray's request id."""
         self._affinity = PrefixAffinity()
         """Where each prompt prefix was sent: the hits of a replica whose probe was late."""
 
     # -- what the client reads -----------------------------------------------------------
     # From the control plane's threads, while Ray's router loop (another thread) changes
-    # these dicts: each is copied before it is walked.
+    # these records: each is copied before it is walked.
 
     def replica_ids(self) -> list[str]:
         return sorted(r.unique_id for r in list(self.curr_replicas))
@@ -61,14 +46,7 @@ class FleetRouter(RequestRouter):
         }
 
     def in_flight(self) -> dict[str, int]:
-        counts = {rid: len(ids) for rid, ids in list(self._in_flight.items())}
-        now = time.monotonic()
-        for request, (rid, at, _) in list(self._provisional.items()):
-            if now - at > PROVISIONAL_S:  # never sent (cancelled while routing)
-                self._provisional.pop(request, None)
-            else:
-                counts[rid] = counts.get(rid, 0) + 1
-        return counts
+        return self._in_flight.counts()
 
     # -- Ray Serve's hooks ---------------------------------------------------------------
 
@@ -76,8 +54,7 @@ class FleetRouter(RequestRouter):
         super().update_replicas(replicas)
         registry.ROUTERS[self._deployment_id.name] = self
         live = {r.replica_id.unique_id for r in replicas}
-        for gone in set(self._in_flight) - live:
-            del self._in_flight[gone]
+        self._in_flight.keep_only(live)
         self._affinity.keep_only(live)
 
     async def choose_replicas(
@@ -105,21 +82,18 @@ class FleetRouter(RequestRouter):
             hint = None
         metadata = pending_request.metadata if pending_request is not None else None
         generate = metadata is not None and metadata.call_method == "generate"
-        before = self._provisional.pop(metadata.internal_request_id, None) if generate else None
+        tries = self._in_flight.retry(metadata.internal_request_id) if generate else 0
         loads = {rid: ReplicaLoad.of(r.routing_stats) for rid, r in by_id.items()}
         ranks = rank(
             list(by_id),
             loads,
             self.in_flight(),  # this request's own earlier choice no longer counted
             hint,
-            attempt=before.tries if before else 0,
+            attempt=tries,
         )
         if generate and ranks:
             # Counted at once: the other routing tasks of a burst see it before it is sent.
-            tries = (before.tries if before else 0) + 1
-            self._provisional[metadata.internal_request_id] = Provisional(
-                ranks[0][0], time.monotonic(), tries
-            )
+            self._in_flight.chosen(metadata.internal_request_id, ranks[0][0], tries + 1)
         return [[by_id[rid] for rid in ids] for ids in ranks]
 
     def on_request_routed(
@@ -127,11 +101,10 @@ class FleetRouter(RequestRouter):
     ) -> None:
         if pending_request.metadata.call_method == "generate":
             request = pending_request.metadata.internal_request_id
-            self._provisional.pop(request, None)
-            self._in_flight[replica_id.unique_id].add(request)
+            self._in_flight.routed(request, replica_id.unique_id)
             hint = pending_request.kwargs.get("route")
             if isinstance(hint, RouteHint) and hint.blocks:
                 self._affinity.record(hint.blocks, replica_id.unique_id)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        self._in_flight.get(replica_id.unique_id, set()).discard(internal_request_id)
+        self._in_flight.completed(internal_request_id, replica_id.unique_id)

@@ -19,6 +19,7 @@ import pytest
 
 from tests.control.support import TOKEN, ServerProcess, sse_events, state
 from tests.fleet.conftest import REPLICAS, fleet_server_process
+from tests.fleet.support import all_up
 
 DRAIN_TIMEOUT_S = 2.0
 FLOOD = 24
@@ -111,15 +112,20 @@ def test_a_drain_past_its_timeout_ends_the_request_with_a_clear_error(
     small_fleet: ServerProcess,
 ) -> None:
     out: list[Any] = []
-    first = threading.Event()
-    threads = [
-        threading.Thread(target=post_stream, args=(small_fleet.url, LONG, out, first))
-        for _ in range(REPLICAS)
-    ]
-    for thread in threads:
-        thread.start()
+    threads = []
     with small_fleet.client() as http:
-        assert first.wait(30)  # generating now (which takes over 10 s), the restart starts
+        # One stream per replica, each generating (which takes over 10 s) when the restart
+        # starts: the second is sent once the first streams, so the router's count of
+        # requests in flight puts it on the other replica. (Two sent at once could share
+        # one, and then outlast no drain: the first replica drained had nothing to cut.)
+        for _ in range(REPLICAS):
+            first = threading.Event()
+            threads.append(
+                threading.Thread(target=post_stream, args=(small_fleet.url, LONG, out, first))
+            )
+            threads[-1].start()
+            assert first.wait(30)
+        assert [r["running"] for r in all_up(http).values()] == [1] * REPLICAS
         started = time.monotonic()
         argv = ["fleet", "restart", "--wait", "--url", small_fleet.url, "--token", TOKEN]
         cli = subprocess.run(

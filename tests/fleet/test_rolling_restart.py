@@ -83,12 +83,12 @@ def test_a_rolling_restart_drains_one_replica_at_a_time(
         )
         for first in firsts
     ]
-    for thread in streams:
-        thread.start()
-    assert all(first.wait(30) for first in firsts)  # both generating (for 5 s or more)
-    # ... in a state where each replica answered (a replica's state call that runs past its
-    # 2 s on a loaded machine shows it down, with zeros)
-    wait_for(lambda: sum(r["running"] for r in all_up(fleet).values()) == REPLICAS, 15, 0.1)
+    for thread, first in zip(streams, firsts, strict=True):  # one after the other: the
+        thread.start()  # router's count of requests in flight puts them on two replicas
+        assert first.wait(30)  # generating (for 5 s or more)
+    # ... both, in a state where each replica answered (a replica's state call that runs
+    # past its 2 s on a loaded machine shows it down, with zeros)
+    assert sum(r["running"] for r in all_up(fleet).values()) == REPLICAS
 
     response = fleet.post("/admin/fleet/restart", headers=ADMIN)
     assert response.status_code == 202, response.text
