@@ -34,6 +34,10 @@ from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
+CUT_OFF_POLL_S = 0.5
+"""How often a stream waiting for its next output looks for its replica's drain deadline."""
+CUT_OFF_KEPT_S = 600.0
+"""How long a passed drain deadline is kept (a replica's id is never reused)."""
 PASSED_THROUGH = (RequestRejected, QueueFull, EngineStepError, EngineStopped)
 """Errors a replica raises that reach the routes as themselves."""
 
@@ -56,6 +60,8 @@ class FleetEngine:
         self.on_finished = on_finished
         self.lost_note: str | None = None
         """What a request whose replica went away is told, while a restart explains it."""
+        self._cut_offs: dict[str, tuple[float, str]] = {}
+        """Replica -> (monotonic deadline, why): a drain's end, when its streams are cut."""
 
     # -- what AsyncEngine offers the routes ----------------------------------------------
 
@@ -86,6 +92,20 @@ class FleetEngine:
         token_ids = self.engine.tokenize(prompt)
         self.engine.check_request(token_ids, params)  # RequestRejected now, as a 400
         return FleetStream(self, token_ids, params, request_id or f"req-{time.time_ns()}")
+
+    def cut_off(self, replica: str, deadline: float, note: str) -> None:
+        """End the streams still on ``replica`` at ``deadline`` (``time.monotonic``) with
+        ``EngineStopped(note)``: a drain's timeout, enforced here whatever Ray's controller,
+        which should end the replica then, does on a loaded machine. Called from the restart
+        thread; the streams read it on the event loop (one dict item set at a time)."""
+        now = time.monotonic()
+        for old, (at, _) in list(self._cut_offs.items()):
+            if at < now - CUT_OFF_KEPT_S:
+                self._cut_offs.pop(old, None)
+        self._cut_offs[replica] = (deadline, note)
+
+    def cut_off_of(self, replica: str | None) -> tuple[float, str] | None:
+        return self._cut_offs.get(replica) if replica is not None else None
 
     # -- fan-out to the replicas ---------------------------------------------------------
 
@@ -159,6 +179,8 @@ class FleetStream:
         self._args = (token_ids, params, request_id)
         self._gen: DeploymentResponseGenerator | None = None
         self._done = False
+        self.replica: str | None = None
+        """The replica serving it (its acknowledgement says)."""
 
     def __aiter__(self) -> FleetStream:
         return self
@@ -173,7 +195,7 @@ class FleetStream:
             hint = await self.fleet.probe_prefix(self._args[0])
             handle = self.fleet.handle.options(stream=True, method_name="generate")
             self._gen = handle.remote(*self._args, route=hint)
-            await self._gen.__anext__()  # the replica's acknowledgement
+            self.replica = await self._gen.__anext__()  # the replica's acknowledgement
         except Exception as exc:
             self._done = True
             raise _public(exc, self.fleet.lost_note) from None
@@ -183,12 +205,14 @@ class FleetStream:
         if self._done or self._gen is None:
             raise StopAsyncIteration
         try:
-            output: RequestOutput = await self._gen.__anext__()
+            output = await self._next_output(self._gen)
         except StopAsyncIteration:
             self._done = True
             raise
         except Exception as exc:
             self._done = True
+            with contextlib.suppress(Exception):
+                self._gen.cancel()  # a cut-off stream: the replica aborts the request
             raise _public(exc, self.fleet.lost_note) from None
         if output.finished and self.fleet.on_finished is not None:
             try:
@@ -196,6 +220,23 @@ class FleetStream:
             except Exception:
                 log.exception("on_finished hook failed")
         return output
+
+    async def _next_output(self, gen: DeploymentResponseGenerator) -> RequestOutput:
+        """The replica's next output, or ``EngineStopped`` once its replica's drain deadline
+        (``FleetEngine.cut_off``) has passed."""
+        step = asyncio.ensure_future(gen.__anext__())
+        try:
+            while True:
+                cut = self.fleet.cut_off_of(self.replica)
+                wait = CUT_OFF_POLL_S if cut is None else cut[0] - time.monotonic()
+                done, _ = await asyncio.wait({step}, timeout=max(0.0, min(wait, CUT_OFF_POLL_S)))
+                if done:
+                    return step.result()
+                if cut is not None and time.monotonic() >= cut[0]:
+                    raise EngineStopped(cut[1])
+        finally:
+            if not step.done():
+                step.cancel()
 
     async def aclose(self) -> None:
         if not self._done and self._gen is not None:

@@ -80,12 +80,13 @@ class EngineReplica:
         params: SamplingParams,
         request_id: str,
         route: Any = None,
-    ) -> AsyncIterator[RequestOutput | None]:
-        """``None`` once the engine admitted the request (``QueueFull`` comes before it: the
-        control plane still answers 429), then its outputs (``route``: the router's hint)."""
+    ) -> AsyncIterator[RequestOutput | str]:
+        """This replica's id once the engine admitted the request (``QueueFull`` comes before
+        it: the control plane still answers 429), then its outputs (``route``: the router's
+        hint)."""
         stream = self.async_engine.add_request(token_ids, params, request_id)
         try:
-            yield None
+            yield self.id
             async for output in stream:
                 yield output
         finally:

@@ -116,6 +116,11 @@ class RollingRestarts:
             for rid in sorted(old - routed - set(restart.left)):
                 restart.left.append(rid)
                 log.info("rolling restart %d: replica %s draining", restart.id, rid)
+                fleet.engine.cut_off(
+                    rid,
+                    time.monotonic() + restart.drain_timeout_s,
+                    fleet.engine.lost_note or "the replica was stopped; retry the request",
+                )
             seen |= routed
             if deployed.done():
                 deployed.result()  # Ray's error, if the deploy failed
