@@ -52,7 +52,8 @@ class FleetRouter(RequestRouter):
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
-        registry.ROUTERS[self._deployment_id.name] = self
+        if replicas:  # the deployment's name from a replica's public id (Ray's own is private)
+            registry.ROUTERS[replicas[0].replica_id.deployment_id.name] = self
         live = {r.replica_id.unique_id for r in replicas}
         self._in_flight.keep_only(live)
         self._affinity.keep_only(live)
