@@ -118,9 +118,14 @@ def test_dashboard_and_rules_work_on_a_real_prometheus(
     assert sum(float(row["value"][1]) for row in kv) == 2 * NUM_KV_BLOCKS  # both replicas
 
     (annotation,) = [a for a in board["annotations"]["list"] if "expr" in a]
-    changes = prometheus.query(grafana(annotation["expr"]))
-    latest = {(row["metric"]["policy"], row["metric"]["version"]) for row in changes}
-    assert ("static", str(version)) in latest
+
+    def changes() -> set[tuple[str, str]]:
+        rows = prometheus.query(grafana(annotation["expr"]))
+        return {(row["metric"]["policy"], row["metric"]["version"]) for row in rows}
+
+    # The change shows once a scrape after it is in (the tokens' rate above can come from
+    # scrapes made before it).
+    wait_for(lambda: ("static", str(version)) in changes())
 
     rules = wait_for(lambda: _evaluated_rules(prometheus), timeout=15)
     assert len(rules) == len(yaml.safe_load(ALERTS.read_text())["groups"][0]["rules"])
