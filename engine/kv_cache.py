@@ -38,6 +38,22 @@ __all__ = [
 ROOT_HASH = -1
 
 
+def prefix_chain(
+    token_ids: Sequence[int],
+    block_size: int,
+    num_blocks: int,
+    parent: int = ROOT_HASH,
+    start: int = 0,
+) -> Iterator[tuple[int, tuple]]:
+    """Full blocks ``start`` to ``num_blocks - 1`` of a prompt as (hash, tokens), each hash chained
+    on the one before (``parent``: block ``start - 1``'s): a block's hash names its whole prefix,
+    the prefix cache's key."""
+    for j in range(start, num_blocks):
+        tokens = tuple(token_ids[j * block_size : (j + 1) * block_size])
+        parent = hash((parent, tokens))
+        yield parent, tokens
+
+
 class BlockTable(abc.Sequence[int]):
     """A read-only, live view of one sequence's block table (what the runner reads as
     ``seq.block_table``). Slices are plain lists."""
@@ -169,14 +185,6 @@ class BlockManager:
 
     # -- prefix cache -----------------------------------------------------------------
 
-    def _chain(self, token_ids: Sequence[int], num_blocks: int) -> Iterable[tuple[int, tuple]]:
-        parent = ROOT_HASH
-        size = self.block_size
-        for j in range(num_blocks):
-            tokens = tuple(token_ids[j * size : (j + 1) * size])
-            parent = hash((parent, tokens))
-            yield parent, tokens
-
     def match_prefix(self, token_ids: Sequence[int]) -> list[int]:
         """Cached blocks holding this prompt's leading full blocks.
 
@@ -186,7 +194,8 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         hits: list[int] = []
-        for block_hash, tokens in self._chain(token_ids, (len(token_ids) - 1) // self.block_size):
+        size = self.block_size
+        for block_hash, tokens in prefix_chain(token_ids, size, (len(token_ids) - 1) // size):
             block = self._hash_to_block.get(block_hash)
             if block is None or self._block_tokens[block] != tokens:
                 break
@@ -387,9 +396,8 @@ class BlockManager:
         parent = chain[-1] if chain else ROOT_HASH
         size = self.block_size
         published = []
-        for j in range(len(chain), num_tokens // size):
-            tokens = tuple(token_ids[j * size : (j + 1) * size])
-            parent = hash((parent, tokens))
+        fresh = prefix_chain(token_ids, size, num_tokens // size, parent, start=len(chain))
+        for j, (parent, tokens) in enumerate(fresh, start=len(chain)):
             chain.append(parent)
             block = table[j]
             if parent not in self._hash_to_block and self._block_hash[block] is None:

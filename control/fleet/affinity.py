@@ -13,19 +13,17 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
+from engine.kv_cache import prefix_chain
+
 CAPACITY_BLOCKS = 65_536
 """Prefix blocks remembered across all replicas (each an int hash and a few replica ids)."""
 
 
 def prefix_hashes(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
-    """The chained hashes of the prompt's full blocks before the one holding its last token
+    """The prefix cache's keys of the prompt's full blocks before the one holding its last token
     (the blocks ``BlockManager.match_prefix`` can hit): each covers every token up to it."""
-    hashes: list[int] = []
-    parent = 0
-    for j in range((len(token_ids) - 1) // block_size):
-        parent = hash((parent, tuple(token_ids[j * block_size : (j + 1) * block_size])))
-        hashes.append(parent)
-    return tuple(hashes)
+    num_blocks = (len(token_ids) - 1) // block_size
+    return tuple(block_hash for block_hash, _ in prefix_chain(token_ids, block_size, num_blocks))
 
 
 class PrefixAffinity:

@@ -149,8 +149,10 @@ class FleetEngine:
     async def probe_prefix(self, token_ids: list[int]) -> RouteHint | None:
         """Each replica's cached blocks of this prompt, from those that answered within
         ``probe_timeout_s`` (the router's memory stands in for the others)."""
+        if not self.engine.blocks.enable_prefix_caching:
+            return None
         blocks = prefix_hashes(token_ids, self.engine.limits.block_size)
-        if not self.engine.blocks.enable_prefix_caching or not blocks:
+        if not blocks:
             return None
         probe = self.handle.options(method_name="match_prefix")
         calls = {

@@ -51,6 +51,14 @@ class RollingRestart:
     started: list[str] = field(default_factory=list)
     """New replicas up, in order."""
 
+    @property
+    def lost_note(self) -> str:
+        """What a request it stopped is told."""
+        return (
+            f"the replica serving this request was stopped by a rolling restart "
+            f"(its requests had {self.drain_timeout_s:g} s to finish); retry the request"
+        )
+
 
 class RollingRestarts:
     """The fleet's restarts: at most one at a time; the last one stays visible."""
@@ -89,10 +97,7 @@ class RollingRestarts:
         return self.view(restart)
 
     def _run(self, fleet: Fleet, restart: RollingRestart) -> None:
-        fleet.engine.lost_note = (
-            f"the replica serving this request was stopped by a rolling restart "
-            f"(its requests had {restart.drain_timeout_s:g} s to finish); retry the request"
-        )
+        fleet.engine.lost_note = restart.lost_note
         try:
             self._follow(fleet, restart, _deploy(fleet))
             restart.state = "done"
@@ -116,11 +121,8 @@ class RollingRestarts:
             for rid in sorted(old - routed - set(restart.left)):
                 restart.left.append(rid)
                 log.info("rolling restart %d: replica %s draining", restart.id, rid)
-                fleet.engine.cut_off(
-                    rid,
-                    time.monotonic() + restart.drain_timeout_s,
-                    fleet.engine.lost_note or "the replica was stopped; retry the request",
-                )
+                drained_by = time.monotonic() + restart.drain_timeout_s
+                fleet.engine.cut_off(rid, drained_by, restart.lost_note)
             seen |= routed
             if deployed.done():
                 deployed.result()  # Ray's error, if the deploy failed
