@@ -58,33 +58,38 @@ def sleep_until(moment: datetime) -> None:
     time.sleep(max(0.0, (moment - datetime.now(UTC)).total_seconds()))
 
 
+def window_metric(http: httpx.Client, sid: int) -> str | None:
+    """The schedule's ``servedeck_schedule_window_active`` value, once a tick has set it."""
+    found = re.search(
+        rf'servedeck_schedule_window_active{{schedule="{sid}"}} ([0-9.]+)',
+        http.get("/metrics").text,
+    )
+    return found.group(1) if found else None
+
+
 def test_window_applies_then_restores_and_survives_restart(server: ServerProcess) -> None:
     with server.client() as http:
         before = policy(http)
         assert before["settings"]["policy"]["name"] == "continuous"
-        start, body = window(3, 12)
+        start, body = window(4, 12)
         made = create(http, body)
         sid = made["id"]
         assert datetime.fromisoformat(made["next_run_at"]) == start
         assert made["actor"] == "ops" and not made["active"]
 
-        applied = wait_for(  # the version is stored `pending`, then `applied` at a step
-            lambda: (
-                (p := policy(http))["settings"]["policy"]["name"] == "dynamic"
-                and p["status"]["state"] == "applied"
-                and p
-            ),
-            15,
-        )
+        def in_window() -> dict[str, Any] | None:
+            """The version stored `pending`, then `applied` at a step; the list and the
+            metric say the window is on (each read until it shows, all inside the window)."""
+            p = policy(http)
+            if p["settings"]["policy"]["name"] != "dynamic" or p["status"]["state"] != "applied":
+                return None
+            listed = http.get("/admin/schedules", headers=ADMIN).json()
+            return p if listed["active"] == sid and window_metric(http, sid) == "1.0" else None
+
+        applied = wait_for(in_window, 12)
         assert datetime.now(UTC) >= start
         assert applied["actor"] == f"schedule:{sid}"
         assert applied["settings"]["policy"]["params"] == {"length_window": 64}
-        assert applied["status"]["state"] == "applied"
-        assert re.search(
-            rf'servedeck_schedule_window_active{{schedule="{sid}"}} 1\.0', http.get("/metrics").text
-        )
-        listed = http.get("/admin/schedules", headers=ADMIN).json()
-        assert listed["active"] == sid
 
         restored = wait_for(
             lambda: (
@@ -92,7 +97,7 @@ def test_window_applies_then_restores_and_survives_restart(server: ServerProcess
                 and p["status"]["state"] == "applied"
                 and p
             ),
-            20,
+            30,
         )
         assert restored["actor"] == f"schedule:{sid}"
         assert restored["version"] == applied["version"] + 1
@@ -107,8 +112,10 @@ def test_window_applies_then_restores_and_survives_restart(server: ServerProcess
     with server.client() as http:
         listed = http.get("/admin/schedules", headers=ADMIN).json()
         assert [s["id"] for s in listed["items"]] == [sid]
-        time.sleep(2)
-        assert policy(http)["version"] == restored["version"]  # no window: nothing applied
+        # The restarted server's first tick has looked at the schedule: no window, so nothing
+        # was applied (read after that tick, not after a guessed sleep).
+        assert wait_for(lambda: window_metric(http, sid), 15) == "0.0"
+        assert policy(http)["version"] == restored["version"]
 
 
 def test_window_started_while_down_is_applied_at_start(server: ServerProcess) -> None:

@@ -10,11 +10,15 @@ import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 
 from tests.control.support import TOKEN, ServerProcess
+
+if TYPE_CHECKING:
+    from control.fleet.local_ray import RayAccess
 
 REPLICAS = 2
 
@@ -24,8 +28,9 @@ def ray_required() -> bool:
 
 
 @pytest.fixture(scope="session")
-def ray_instance() -> Iterator[str]:
-    """The session's Ray instance: its address."""
+def ray_instance() -> Iterator[RayAccess]:
+    """The session's Ray instance: its address and what a process joining it needs (its own
+    token's path), so that nothing depends on ``~/.ray``."""
     if importlib.util.find_spec("ray") is None:
         if ray_required():
             pytest.fail("ray is required here (CI=true, SERVEDECK_REQUIRE_RAY=1)")
@@ -38,18 +43,16 @@ def ray_instance() -> Iterator[str]:
         import ray
 
         ray.shutdown()
-        yield local.address
+        yield local.access
     finally:
         local.stop()
 
 
 def fleet_server_process(
-    ray_address: str, model_dir: Path, workdir: Path, *extra: str
+    ray: RayAccess, model_dir: Path, workdir: Path, *extra: str
 ) -> ServerProcess:
     """A control plane with ``REPLICAS`` replicas on the session's Ray instance (``extra``:
     more flags, e.g. its own ``--ray-app-name``); started."""
-    from control.fleet.local_ray import LOCAL_ENV
-
     server = ServerProcess(
         model_dir,
         workdir,
@@ -59,14 +62,14 @@ def fleet_server_process(
             "--replicas",
             str(REPLICAS),
             "--ray-address",
-            ray_address,
+            ray.address,
             "--served-model-name",
             "tiny",
             "--reclaim-interval-s",
             "1",
             *extra,
         ],
-        dict(LOCAL_ENV),
+        dict(ray.env),
     )
     server.start()
     return server
@@ -74,7 +77,7 @@ def fleet_server_process(
 
 @pytest.fixture(scope="session")
 def fleet_server(
-    ray_instance: str, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    ray_instance: RayAccess, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     server = fleet_server_process(
         ray_instance, tiny_model_dir, tmp_path_factory.mktemp("fleet-server")

@@ -8,9 +8,12 @@ from __future__ import annotations
 import asyncio
 import time
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from control.fleet.local_ray import RayAccess
 
 
 class Generator:
@@ -40,7 +43,7 @@ def stream_on(fleet: Any, replica: str, outputs: list[str]) -> Any:
 
 
 def test_streams_on_a_replica_past_its_drain_deadline_end_with_the_reason(
-    ray_instance: str,  # skips (or fails in CI) without ray, like every fleet test
+    ray_instance: RayAccess,  # skips (or fails in CI) without ray, like every fleet test
 ) -> None:
     from control.fleet.client import FleetEngine
     from engine.async_engine import EngineStopped

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -20,6 +20,9 @@ import pytest
 from tests.control.support import TOKEN, ServerProcess, sse_events, state
 from tests.fleet.conftest import REPLICAS, fleet_server_process
 from tests.fleet.support import all_up
+
+if TYPE_CHECKING:
+    from control.fleet.local_ray import RayAccess
 
 DRAIN_TIMEOUT_S = 2.0
 FLOOD = 24
@@ -29,7 +32,7 @@ LONG = 1900
 
 @pytest.fixture(scope="module")
 def small_fleet(
-    ray_instance: str, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    ray_instance: RayAccess, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     server = fleet_server_process(
         ray_instance,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -15,10 +16,13 @@ from tests.control.support import ServerProcess
 from tests.fleet.conftest import fleet_server_process
 from tests.fleet.support import served_by
 
+if TYPE_CHECKING:
+    from control.fleet.local_ray import RayAccess
+
 
 @pytest.fixture(scope="module")
 def unprobed(
-    ray_instance: str, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    ray_instance: RayAccess, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[httpx.Client]:
     server: ServerProcess = fleet_server_process(
         ray_instance,

@@ -5,24 +5,28 @@ Ray asked again with no await in between, and every request through that router 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 
 from tests.control.support import state
 
+if TYPE_CHECKING:
+    from control.fleet.local_ray import RayAccess
+
 
 def test_a_call_for_a_replica_that_is_gone_fails_at_once_and_routing_goes_on(
-    fleet: httpx.Client, ray_instance: str, monkeypatch: pytest.MonkeyPatch
+    fleet: httpx.Client, ray_instance: RayAccess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from control.fleet.fleet import DEPLOYMENT
-    from control.fleet.local_ray import LOCAL_ENV, connect
+    from control.fleet.local_ray import connect
 
     live = [r["replica"] for r in state(fleet)["replicas"] if r["up"]]
     assert live
-    for key, value in LOCAL_ENV.items():
-        monkeypatch.setenv(key, value)
-    connect(ray_instance)  # this process: its own handle, so its own FleetRouter
+    for key, value in ray_instance.env.items():
+        monkeypatch.setenv(key, value)  # connect sets them; monkeypatch restores them after
+    connect(ray_instance.address, env=ray_instance.env)  # its own handle, its own FleetRouter
     import ray
     from ray import serve
 

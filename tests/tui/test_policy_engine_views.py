@@ -127,7 +127,7 @@ async def test_a_screen_opened_during_a_poll_is_filled_by_the_next_one_at_once()
         await wait_for(pilot, lambda: in_flight == 1, what="a poll in flight")
         await pilot.press("w")
         await wait_for(pilot, lambda: isinstance(app.screen, SchedulesScreen))
-        await wait_for(pilot, lambda: app.screen.data is not None, timeout=3, what="its data")
+        await wait_for(pilot, lambda: app.screen.data is not None, what="its data")
         # The third poll asks for both at once: which request the transport sees first is
         # the event loop's choice, so the count is awaited, not read at the screen's fill.
         await wait_for(pilot, lambda: app.polls_ok == 3, what="that poll's end")
