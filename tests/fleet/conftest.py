@@ -67,6 +67,10 @@ def fleet_server_process(
             "tiny",
             "--reclaim-interval-s",
             "1",
+            # A rolling restart's streams must finish inside the drain: 600 tokens take ~5 s
+            # here, and past 30 s (the default) on a 2-core machine loaded 5 times over.
+            "--fleet-drain-timeout-s",
+            "120",
             *extra,
         ],
         dict(ray.env),
