@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
 from control.arrivals import ArrivalLog
@@ -318,8 +319,11 @@ def load_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Run
     runtime.store = PolicyStore(llm_engine.limits, runtime.apply, metrics, overrides)
     state = "failed" if refused else "applied"
     if (row.state, row.state_reason) != (state, refused):  # the newest version is in force now
-        with Session(db) as session:
-            runtime.store.mark(session, row.version, state, refused)
+        try:
+            with Session(db) as session:
+                runtime.store.mark(session, row.version, state, refused)
+        except SQLAlchemyError as exc:  # serve anyway: the reconcile job records it later
+            log.warning("version %d is in force; its state was not written: %s", row.version, exc)
     maintenance.add_job(
         RECONCILE_JOB_ID,
         "retry the pending policy version",

@@ -48,11 +48,19 @@ class Window:
     priority: int
 
 
+TIMEZONE_MAX_LENGTH = 255
+"""Longer is no IANA name (the longest are about 30 characters) and no file name either."""
+
+
 def zone(name: str) -> ZoneInfo:
-    """The IANA zone; ValueError naming it when it does not exist."""
+    """The IANA zone; ValueError naming it when it is none. ``ZoneInfo`` looks a name up as a
+    file: besides not finding it, it raises ValueError (a path, a file that is no zone), and
+    OSError (a folder such as ``America``, a name too long for the file system)."""
+    if len(name) > TIMEZONE_MAX_LENGTH:
+        raise ValueError(f"unknown time zone: longer than {TIMEZONE_MAX_LENGTH} characters")
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
         raise ValueError(f"unknown time zone {name!r}") from exc
 
 

@@ -22,7 +22,7 @@ from pydantic_core import PydanticCustomError
 
 from control.core.config import MEMORY_RESERVE_BOUNDS, RECLAIM_INTERVAL_BOUNDS
 from control.openai_fields import JsonInt, UnsupportedFields, _json_integer
-from control.schedules import cron_trigger, wall_time, zone
+from control.schedules import TIMEZONE_MAX_LENGTH, cron_trigger, wall_time, zone
 from engine.kv_stats import KVStats
 from engine.sampling_params import MAX_LOGPROBS, MAX_N
 from engine.snapshot import Latency, QueueDepths, RequestSnapshot, Throughput, Totals
@@ -284,12 +284,39 @@ class AdminError(BaseModel):
 ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": AdminError, "description": "No bearer token (WWW-Authenticate: Bearer)."},
     403: {"model": AdminError, "description": "The bearer token is not this server's."},
-    503: {"model": AdminError, "description": "Loading, shutting down, or the engine is slow."},
+    503: {
+        "model": AdminError,
+        "description": "Loading, shutting down, the engine is slow, or the store refused a "
+        "write (`store unavailable: ` and SQLite's reason, e.g. `database or disk is full`).",
+    },
 }
 """What every admin route may answer besides its own codes (422 FastAPI declares itself)."""
 NOT_FOUND = {404: {"model": AdminError, "description": "No such policy version."}}
 CONFLICT = {409: {"model": AdminError, "description": "If-Match names an older version."}}
 BAD_BODY = {400: {"model": AdminError, "description": "The body is not valid JSON."}}
+
+
+class StoreUnavailableError(AdminError):
+    """A 503 of a policy change: ``detail`` names the cause; when the store refused the
+    version's state after storing it, ``stored`` is true with the ``version`` and its
+    ``state`` as it reads now (``pending``: the reconcile job records it once it can)."""
+
+    stored: bool = Field(False, description="Whether a new version was stored.")
+    version: int | None = Field(None, description="The version stored, if one was.")
+    state: Literal["pending"] | None = Field(
+        None, description="The stored version's state in the store (its state write failed)."
+    )
+    in_force: bool | None = Field(None, description="Whether the engine runs that version.")
+
+
+STORE_UNAVAILABLE = {
+    503: {
+        "model": StoreUnavailableError,
+        "description": "Loading, shutting down, the engine is slow, or the store refused a "
+        "write: `detail` names the cause; `stored` says whether the version was stored "
+        "(then it is `pending` until the reconcile job records its state).",
+    }
+}
 
 
 class VersionStatus(BaseModel):
@@ -542,6 +569,15 @@ class StallResult(BaseModel):
     at: datetime
 
 
+class StorePages(BaseModel):
+    """Test-only: the SQLite file's pages, and the cap every new connection gets (None: off)."""
+
+    page_size: int
+    page_count: int
+    freelist_count: int = Field(description="Free pages a write uses before growing the file.")
+    max_page_count: int | None = Field(description="A write needing more pages is refused.")
+
+
 class ScheduleCreate(BaseModel):
     """A policy window: from each ``cron`` firing (in ``timezone``) until the next ``until``
     wall time there. Overlapping windows: the higher ``priority`` wins, then the latest start."""
@@ -553,7 +589,9 @@ class ScheduleCreate(BaseModel):
         None, description="Optional cron seconds field (e.g. `30`, `*/10`); crontab has none."
     )
     until: StrictStr = Field(description="Local wall time HH:MM[:SS] the window ends at.")
-    timezone: StrictStr = Field("UTC", description="IANA zone of cron and until.")
+    timezone: StrictStr = Field(
+        "UTC", max_length=TIMEZONE_MAX_LENGTH, description="IANA zone of cron and until."
+    )
     policy: Annotated[PolicySpec, WithJsonSchema(policy_spec_schema(nullable=False))]
     memory_reserve: StrictFloat | None = memory_reserve_field(None)
     reason: str = Field(min_length=1, pattern=REASON_PATTERN, description="Why: required.")

@@ -5,7 +5,10 @@ Every change is a new ``PolicyVersion`` row; the newest row is the desired versi
 re-applied at start-up. Each version is stored ``pending`` and committed before the engine is
 asked to take it, then marked ``applied`` or ``failed`` (with the reason); a version the engine
 has not taken within the timeout stays ``pending`` and ``reconcile`` retries the newest one
-until it is in force, so a stored change is never answered as a failure.
+until it is in force, so a stored change is never answered as a failure. A write the database
+refuses (a full disk, a read-only or locked file) raises ``StoreUnavailable``: before the version
+is stored nothing changes in the engine; after it, the answer says it is stored and ``pending``
+(its state could not be written) and the reconcile job records its state once it can.
 
 Start-up flags (``--policy`` and friends) are *overrides*: they win for this process without
 being stored, until the next change stores the settings in force (overrides included) as a new
@@ -20,8 +23,10 @@ import threading
 from typing import Any, Protocol
 
 from pydantic import ValidationError
+from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, col, func, select, update
 
+from control.core.db import unavailable
 from control.metrics import ControlMetrics
 from control.models import PolicyVersion, as_utc, utcnow
 from control.policy_checks import (
@@ -53,7 +58,14 @@ from engine.config import EngineLimits
 from policies.base import PolicySpec
 from policies.registry import POLICIES, validate_params
 
-__all__ = ["Apply", "PolicyStore", "SettingsInvalid", "VersionConflict", "VersionNotFound"]
+__all__ = [
+    "Apply",
+    "PolicyStore",
+    "SettingsInvalid",
+    "StoreUnavailable",
+    "VersionConflict",
+    "VersionNotFound",
+]
 
 TOP_LEVEL = ("policy.name", "memory_reserve", "reclaim_interval_s")
 
@@ -75,6 +87,27 @@ class VersionConflict(RuntimeError):
 
 class VersionNotFound(LookupError):
     pass
+
+
+class StoreUnavailable(RuntimeError):
+    """The database refused a policy write (503 naming the cause). ``version`` is None when
+    nothing was stored (nothing changed in the engine either); otherwise that version is
+    stored and only its state could not be written: it reads ``pending`` until the reconcile
+    job records it, and ``in_force`` says whether the engine runs it already."""
+
+    def __init__(self, cause: BaseException, version: int | None = None, in_force: bool = False):
+        self.cause = unavailable(cause)
+        self.version = version
+        self.in_force = in_force
+        if version is None:
+            message = f"{self.cause}: nothing was stored"
+        else:
+            engine = "the engine runs it" if in_force else "the engine has not taken it yet"
+            message = (
+                f"{self.cause}: version {version} is stored and {engine}; its state could not "
+                "be written, so it reads pending until the reconcile job records it"
+            )
+        super().__init__(message)
 
 
 class PolicyStore:
@@ -300,17 +333,35 @@ class PolicyStore:
         reason: str,
         rollback_of: int | None,
     ) -> PolicyUpdateResult:
-        new = new_row(row.version + 1, after, sorted(explicit), actor, reason, before, rollback_of)
+        version = row.version + 1
+        new = new_row(version, after, sorted(explicit), actor, reason, before, rollback_of)
         session.add(new)
-        session.commit()  # stored (pending) before the engine is asked: the change is kept
+        try:
+            session.commit()  # stored (pending) before the engine is asked: the change is kept
+        except OperationalError as exc:  # not stored: the engine is not asked
+            session.rollback()
+            self._metrics.count_policy_update("unavailable")
+            raise StoreUnavailable(exc) from None
         self._overrides.clear()
-        status = self._put_in_force(session, new, after)
+        state, why = self._take(after, version)
+        try:
+            status = self.mark(session, version, state, why)
+        except Exception as exc:  # stored; whatever refused the state write, the row is pending
+            session.rollback()
+            log.warning(
+                "policy version %d is stored; its state %s was not written: %s",
+                version,
+                state,
+                exc,
+            )
+            self._metrics.count_policy_update("unavailable")
+            raise StoreUnavailable(exc, version, in_force=state == "applied") from None
         self._metrics.count_policy_update(status.state)
         return PolicyUpdateResult(
             dry_run=False,
             applied=status.state == "applied",
             stored=True,
-            version=new.version,
+            version=version,
             diff=diff(before, after),
             settings=after,
             status=status,
@@ -318,22 +369,18 @@ class PolicyStore:
 
     # -- putting versions into force -------------------------------------------------------
 
-    def _put_in_force(
-        self,
-        session: Session,
-        row: PolicyVersion,
-        settings: PolicySettings,
-        timeout: float | None = None,
-    ) -> VersionStatus:
+    def _take(
+        self, settings: PolicySettings, version: int, timeout: float | None = None
+    ) -> tuple[VersionState, str | None]:
+        """Ask the engine to put a stored version into force: the state it reached, and why."""
         try:
-            self._apply(settings, row.version, timeout)
+            self._apply(settings, version, timeout)
         except TimeoutError:
-            reason = "the engine has not taken it yet; retried until it is in force"
-            return self.mark(session, row.version, "pending", reason)
+            return "pending", "the engine has not taken it yet; retried until it is in force"
         except Exception as exc:
-            log.exception("policy version %d could not be put into force", row.version)
-            return self.mark(session, row.version, "failed", f"{type(exc).__name__}: {exc}")
-        return self.mark(session, row.version, "applied")
+            log.exception("policy version %d could not be put into force", version)
+            return "failed", f"{type(exc).__name__}: {exc}"
+        return "applied", None
 
     def reconcile(self, session: Session, timeout: float | None = None) -> VersionStatus | None:
         """Retry the newest version while it is pending (a maintenance job calls this, each
@@ -342,7 +389,8 @@ class PolicyStore:
             row = newest_row(session)
             if row is None or row.state != "pending":
                 return None
-            status = self._put_in_force(session, row, self.effective(row), timeout)
+            state, why = self._take(self.effective(row), row.version, timeout)
+            status = self.mark(session, row.version, state, why)
         if status.state != "pending":
             log.info("policy version %d %s on retry", row.version, status.state)
         return status

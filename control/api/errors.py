@@ -18,15 +18,18 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from control.api.middleware import note_refusal
-from control.schemas import ErrorInfo, ErrorResponse
-from control.store import SettingsInvalid, VersionConflict, VersionNotFound
+from control.core.db import unavailable
+from control.schemas import ErrorInfo, ErrorResponse, StoreUnavailableError
+from control.store import SettingsInvalid, StoreUnavailable, VersionConflict, VersionNotFound
 from engine.async_engine import EngineStepError, EngineStopped
 from engine.errors import QueueFull, RequestRejected
 
 RETRY_AFTER_S = 1
+STORE_RETRY_AFTER_S = 5
 PUBLIC_PREFIX = "/v1"
 MAX_LISTED_ERRORS = 3
 _ERROR_TYPES = {429: "rate_limit_error", 401: "invalid_request_error"}
@@ -221,6 +224,25 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(VersionNotFound)
     async def not_found(request: Request, exc: VersionNotFound) -> JSONResponse:
         return answer(request, 404, str(exc))
+
+    @app.exception_handler(StoreUnavailable)
+    async def policy_not_written(request: Request, exc: StoreUnavailable) -> JSONResponse:
+        stored = exc.version is not None
+        body = StoreUnavailableError(
+            detail=printable(str(exc)),
+            stored=stored,
+            version=exc.version,
+            state="pending" if stored else None,
+            in_force=exc.in_force if stored else None,
+        )
+        headers = {"Retry-After": str(STORE_RETRY_AFTER_S)}
+        return JSONResponse(body.model_dump(), status_code=503, headers=headers)
+
+    @app.exception_handler(OperationalError)
+    async def store_refused(request: Request, exc: OperationalError) -> JSONResponse:
+        """A full disk, a read-only or locked database file: nothing was written."""
+        headers = {"Retry-After": str(STORE_RETRY_AFTER_S)}
+        return answer(request, 503, unavailable(exc), code="store_unavailable", headers=headers)
 
     @app.exception_handler(EngineStopped)
     async def stopped(request: Request, exc: EngineStopped) -> JSONResponse:

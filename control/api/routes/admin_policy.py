@@ -22,6 +22,7 @@ from control.schemas import (
     BAD_BODY,
     CONFLICT,
     NOT_FOUND,
+    STORE_UNAVAILABLE,
     EngineLimitsView,
     PolicyHistory,
     PolicySchema,
@@ -74,7 +75,7 @@ async def checked_update(request: Request, runtime: RuntimeDep) -> PolicyUpdate:
         raise validation_error(exc, "body") from None
 
 
-@admin.put("", response_model=PolicyUpdateResult, responses=BAD_BODY | CONFLICT)
+@admin.put("", response_model=PolicyUpdateResult, responses=BAD_BODY | CONFLICT | STORE_UNAVAILABLE)
 def put_policy(
     update: Annotated[PolicyUpdate, Depends(checked_update)],
     body: PolicyUpdate,  # checked above; declared so the OpenAPI schema shows the body
@@ -116,7 +117,7 @@ def get_history(
 @admin.post(
     "/rollback/{version}",
     response_model=PolicyUpdateResult,
-    responses=BAD_BODY | NOT_FOUND | CONFLICT,
+    responses=BAD_BODY | NOT_FOUND | CONFLICT | STORE_UNAVAILABLE,
 )
 def rollback(
     version: Annotated[int, Path(ge=1, le=SQLITE_INTEGER_MAX)],
