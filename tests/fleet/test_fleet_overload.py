@@ -9,7 +9,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -129,7 +128,6 @@ def test_a_drain_past_its_timeout_ends_the_request_with_a_clear_error(
             threads[-1].start()
             assert first.wait(30)
         assert [r["running"] for r in all_up(http).values()] == [1] * REPLICAS
-        started = time.monotonic()
         argv = ["fleet", "restart", "--wait", "--url", small_fleet.url, "--token", TOKEN]
         cli = subprocess.run(
             [sys.executable, "-m", "control.cli", *argv],
@@ -147,6 +145,8 @@ def test_a_drain_past_its_timeout_ends_the_request_with_a_clear_error(
         for (error,) in cut:
             assert error["error"]["code"] == "engine_stopped"
             assert "rolling restart" in error["error"]["message"], error
-        assert time.monotonic() - started < 60
+        # No wall-clock bound here: the error event is the proof that the deadline held (a
+        # stream not cut runs to its last token with none), while the restart's own length
+        # (two replica starts) ran past 60 s on a 2-core machine loaded five times over.
         done = state(http)["restart"]
         assert done["state"] == "done" and len(done["started"]) == REPLICAS, done
