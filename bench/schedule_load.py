@@ -10,9 +10,10 @@ warm-up call.
 
 ``load``: a real ``servedeck serve`` on 127.0.0.1 (the ``tiny`` checkpoint) and one bystander
 client streaming completions back to back, first with no schedules, then with ``--schedules``
-of them (created through the API, each a daily window of a few minutes that is not in force);
-TTFT p50 and TPOT p50 of each phase, their ratio, and how long ``GET /admin/schedules`` and
-``/health`` took. Every loop is bounded by its phase's ``--phase-s``.
+of them (created through the API, each a daily window of a few minutes that is not in force),
+``--repeats`` times alternated; TTFT p50 and TPOT p50 of each phase, the ratios of their
+medians, and how long ``GET /admin/schedules`` and ``/health`` took after each phase. Every
+loop is bounded by its phase's ``--phase-s``.
 
 The code measured is the one in the current folder (the server child gets it first on its
 ``PYTHONPATH``), so the same script measures another checkout when run from its root.
@@ -132,24 +133,43 @@ def _ms(http: httpx.Client, path: str, headers: dict[str, str]) -> float:
     return (time.perf_counter() - started) * 1e3
 
 
-def _phase(http: httpx.Client, count: int, seconds: float, max_tokens: int) -> Phase:
-    ttfts, tpots, lists, healths = [], [], [], []
+PROBES = 20
+"""``GET /admin/schedules`` and ``/health`` calls timed after each phase's streams."""
+
+
+def _phase(
+    http: httpx.Client, count: int, seconds: float, max_tokens: int, rounds: list[Phase]
+) -> None:
+    """Stream back to back for ``seconds`` (nothing else sent meanwhile), then time the probes;
+    the figures are appended to ``rounds``."""
+    ttfts, tpots = [], []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         figures = _stream(http, max_tokens)
         if figures is not None:
             ttfts.append(figures[0])
             tpots.append(figures[1])
-        lists.append(_ms(http, "/admin/schedules", ADMIN))
-        healths.append(_ms(http, "/health", {}))
-    return Phase(
-        schedules=count,
-        requests=len(ttfts),
-        ttft_p50_s=round(statistics.median(ttfts), 4),
-        tpot_p50_ms=round(statistics.median(tpots), 2),
-        list_ms_p50=round(statistics.median(lists), 2),
-        health_ms_p50=round(statistics.median(healths), 2),
+    lists = [_ms(http, "/admin/schedules", ADMIN) for _ in range(PROBES)]
+    healths = [_ms(http, "/health", {}) for _ in range(PROBES)]
+    rounds.append(
+        Phase(
+            schedules=count,
+            requests=len(ttfts),
+            ttft_p50_s=round(statistics.median(ttfts), 4),
+            tpot_p50_ms=round(statistics.median(tpots), 2),
+            list_ms_p50=round(statistics.median(lists), 2),
+            health_ms_p50=round(statistics.median(healths), 2),
+        )
     )
+
+
+def _delete_all(http: httpx.Client) -> None:
+    for item in http.get("/admin/schedules", headers=ADMIN).json()["items"]:
+        http.delete(f"/admin/schedules/{item['id']}", headers=ADMIN).raise_for_status()
+
+
+def _pooled(rounds: list[Phase], field: str) -> float:
+    return statistics.median(getattr(r, field) for r in rounds)
 
 
 def _create(http: httpx.Client, count: int, cron: str | None) -> None:
@@ -167,7 +187,11 @@ def _create(http: httpx.Client, count: int, cron: str | None) -> None:
             raise RuntimeError(f"schedule {i}: {response.status_code} {response.text}")
 
 
-def run_load(count: int, cron: str | None, seconds: float, max_tokens: int) -> dict[str, Any]:
+def run_load(
+    count: int, cron: str | None, seconds: float, max_tokens: int, repeats: int
+) -> dict[str, Any]:
+    """``repeats`` rounds of (no schedules, ``count`` schedules), alternated so the machine's
+    drift falls on both; the ratios compare the medians of the rounds' p50s."""
     from bench import child_server
     from engine.checkpoint import init_model
 
@@ -179,11 +203,15 @@ def run_load(count: int, cron: str | None, seconds: float, max_tokens: int) -> d
         args = ["--num-threads", "1"]
         proc, url = child_server.start_server(model_dir, workdir, TOKEN, args)
         try:
+            quiet: list[Phase] = []
+            loaded: list[Phase] = []
             with httpx.Client(base_url=url, timeout=60) as http:
-                _phase(http, 0, min(5.0, seconds), max_tokens)  # warm-up, not reported
-                quiet = _phase(http, 0, seconds, max_tokens)
-                _create(http, count, cron)
-                loaded = _phase(http, count, seconds, max_tokens)
+                _phase(http, 0, min(5.0, seconds), max_tokens, [])  # warm-up, not reported
+                for _ in range(repeats):
+                    _phase(http, 0, seconds, max_tokens, quiet)
+                    _create(http, count, cron)
+                    _phase(http, count, seconds, max_tokens, loaded)
+                    _delete_all(http)
         finally:
             child_server.stop_server(proc)
     return {
@@ -191,10 +219,10 @@ def run_load(count: int, cron: str | None, seconds: float, max_tokens: int) -> d
         "cron": cron or "daily, 5-64 min windows, not in force",
         "phase_s": seconds,
         "max_tokens": max_tokens,
-        "quiet": asdict(quiet),
-        "loaded": asdict(loaded),
-        "ttft_ratio": round(loaded.ttft_p50_s / quiet.ttft_p50_s, 3),
-        "tpot_ratio": round(loaded.tpot_p50_ms / quiet.tpot_p50_ms, 3),
+        "quiet": [asdict(r) for r in quiet],
+        "loaded": [asdict(r) for r in loaded],
+        "ttft_ratio": round(_pooled(loaded, "ttft_p50_s") / _pooled(quiet, "ttft_p50_s"), 3),
+        "tpot_ratio": round(_pooled(loaded, "tpot_p50_ms") / _pooled(quiet, "tpot_p50_ms"), 3),
     }
 
 
@@ -208,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     load = sub.add_parser("load", help="a bystander's TTFT/TPOT without and with schedules")
     load.add_argument("--schedules", type=int, default=100)
     load.add_argument("--cron", help="one cron for all (default: daily windows)")
-    load.add_argument("--phase-s", type=float, default=40.0)
+    load.add_argument("--phase-s", type=float, default=20.0)
+    load.add_argument("--repeats", type=int, default=2)
     load.add_argument("--max-tokens", type=int, default=32)
     for each in (tick, load):
         each.add_argument("--out", type=Path, help="write the result JSON here")
@@ -220,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             "runs": [tick_cost(n, args.cron, args.ticks) for n in args.schedules],
         }
     else:
-        result = run_load(args.schedules, args.cron, args.phase_s, args.max_tokens)
+        result = run_load(args.schedules, args.cron, args.phase_s, args.max_tokens, args.repeats)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out is not None:

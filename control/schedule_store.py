@@ -83,6 +83,7 @@ class Schedules:
         self._max = max_schedules
         self._clock = clock
         self._firings = FiringCache()
+        self._published: tuple[int | None, list[int]] | None = None
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -164,9 +165,10 @@ class Schedules:
         with Session(self._db) as session:
             live = self._live(session)
             window = self._firings.active_window([spec_of(r) for r in live], now)
-            self._metrics.set_schedule_windows(
-                window.schedule_id if window else None, [r.id for r in live if r.id is not None]
-            )
+            windows = (window.schedule_id if window else None, [r.id for r in live if r.id])
+            if windows != self._published:  # the gauge is rewritten only when it changes
+                self._metrics.set_schedule_windows(*windows)
+                self._published = windows
             holding = session.exec(
                 select(Schedule).where(col(Schedule.applied_version).is_not(None))
             ).all()

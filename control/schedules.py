@@ -205,34 +205,40 @@ def last_firing(spec: WindowSpec, now: datetime) -> datetime | None:
 @dataclass(frozen=True, slots=True)
 class Firings:
     """A schedule's firings around ``at``: ``last`` the latest at or before it (within
-    ``LOOKBACK``), ``upcoming`` the first after it (None: none before ``at + HORIZON``). They
-    hold for every moment from ``at`` up to ``upcoming``: no firing lies in between."""
+    ``LOOKBACK``) and the window it starts, ``upcoming`` the first after it (None: none before
+    ``at + HORIZON``). They hold for every moment from ``at`` up to ``upcoming``: no firing lies
+    in between."""
 
     at: datetime
     last: datetime | None
+    window: Window | None
     upcoming: datetime | None
 
     def hold(self, now: datetime) -> bool:
         return self.at <= now < (self.upcoming or self.at + HORIZON)
 
+    def window_at(self, now: datetime) -> Window | None:
+        return self.window if self.window is not None and now < self.window.end else None
+
+
+def _window(spec: WindowSpec, start: datetime | None) -> Window | None:
+    if start is None:
+        return None
+    return Window(spec.id, start, window_end(start, spec.until, spec.timezone), spec.priority)
+
 
 def firings_at(spec: WindowSpec, now: datetime) -> Firings:
     now = now.astimezone(UTC)
+    last = last_firing(spec, now)
     after = next_firings(spec, now + timedelta(microseconds=1), 1)
-    return Firings(now, last_firing(spec, now), after[0] if after else None)
-
-
-def _window(spec: WindowSpec, start: datetime | None, now: datetime) -> Window | None:
-    if start is None:
-        return None
-    end = window_end(start, spec.until, spec.timezone)
-    return Window(spec.id, start, end, spec.priority) if now < end else None
+    return Firings(now, last, _window(spec, last), after[0] if after else None)
 
 
 def window_at(spec: WindowSpec, now: datetime) -> Window | None:
     """The window of ``spec`` that holds ``now``, if any."""
     now = now.astimezone(UTC)
-    return _window(spec, last_firing(spec, now), now)
+    window = _window(spec, last_firing(spec, now))
+    return window if window is not None and now < window.end else None
 
 
 def _choose(windows: list[Window]) -> Window | None:
@@ -277,7 +283,7 @@ class FiringCache:
     def active_window(self, specs: list[WindowSpec], now: datetime) -> Window | None:
         """``active_window(specs, now)``; forgets the schedules not in ``specs``."""
         now = now.astimezone(UTC)
-        windows = [w for spec in specs if (w := _window(spec, self.firings(spec, now).last, now))]
+        windows = [w for spec in specs if (w := self.firings(spec, now).window_at(now))]
         with self._lock:
             for gone in self._firings.keys() - set(specs):
                 del self._firings[gone]
