@@ -168,7 +168,8 @@ def _cause(answer: requests.Response | None) -> str:
 def _value_error_refusal(detail: object) -> str | None:
     """The documented refusal a 422's ``detail`` is: every item a value error at one of
     ``SCHEDULE_WINDOW_FIELDS`` (``schedule_window``) or under ``GUARDRAIL_RULE_FIELDS``
-    (``guardrail_rule``); None otherwise."""
+    (``guardrail_rule``), or the one ``max_schedules`` refusal (``too_many_schedules``); None
+    otherwise."""
     if not isinstance(detail, list) or not detail:
         return None
     if not all(isinstance(item, dict) for item in detail):
