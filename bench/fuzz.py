@@ -49,10 +49,14 @@ DOCUMENTED_REFUSALS = {
     "schedule_window": "POST /admin/schedules: a 422 naming only cron, cron_seconds, timezone "
     "or until, as value errors: the schema says they are strings; a crontab field's validity "
     "(ordered ranges, per-field bounds, names) is APScheduler's, a zone's is the server's "
-    "tzdata, until is HH:MM[:SS] (no pattern stated in ScheduleCreate yet)",
+    "tzdata, until is HH:MM[:SS] (no pattern stated in ScheduleCreate yet), and a cron must "
+    "fire within the next five years (30 February never does)",
+    "too_many_schedules": "POST /admin/schedules past max_schedules live schedules: a 422 on "
+    "the body, which depends on what is stored",
     "guardrail_rule": "PUT /admin/guardrail: a 422 naming only bounds or objectives, as value "
-    "errors: a range's min above its max, no objective set, or a bound above the engine cap of "
-    "its knob (one range type serves every knob, so no per-knob maximum is stated)",
+    "errors: a range's min above its max, no objective set, a bound above the engine cap of "
+    "its knob (one range type serves every knob, so no per-knob maximum is stated), a policy "
+    "allowed twice, or a bounded knob no allowed policy has",
 }
 # The request fields whose 422 value errors count as each documented refusal: exact locations,
 # or (``guardrail_rule``) anything under them.
@@ -164,7 +168,8 @@ def _cause(answer: requests.Response | None) -> str:
 def _value_error_refusal(detail: object) -> str | None:
     """The documented refusal a 422's ``detail`` is: every item a value error at one of
     ``SCHEDULE_WINDOW_FIELDS`` (``schedule_window``) or under ``GUARDRAIL_RULE_FIELDS``
-    (``guardrail_rule``); None otherwise."""
+    (``guardrail_rule``), or the one ``max_schedules`` refusal (``too_many_schedules``); None
+    otherwise."""
     if not isinstance(detail, list) or not detail:
         return None
     if not all(isinstance(item, dict) for item in detail):
@@ -172,6 +177,8 @@ def _value_error_refusal(detail: object) -> str | None:
     kinds = [(item.get("type"), tuple(item.get("loc", ()))) for item in detail]  # type: ignore[union-attr]
     if all(kind == "value_error" and loc in SCHEDULE_WINDOW_FIELDS for kind, loc in kinds):
         return "schedule_window"
+    if kinds == [("too_many_schedules", ("body",))]:
+        return "too_many_schedules"
     if all(
         kind in GUARDRAIL_RULE_TYPES and loc[:2] in GUARDRAIL_RULE_FIELDS for kind, loc in kinds
     ):

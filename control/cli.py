@@ -152,6 +152,7 @@ SERVER_LIMITS = (
     "max_json_depth",
     "max_stop_strings",
     "max_stop_length",
+    "max_schedules",
     "fleet_drain_timeout_s",
     "prefix_probe_timeout_s",
 )

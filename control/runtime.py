@@ -330,7 +330,7 @@ def load_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Run
         lambda: runtime.reconcile(db),
         RECONCILE_INTERVAL_S,
     )
-    runtime.schedules = Schedules(db, runtime.store, metrics)
+    runtime.schedules = Schedules(db, runtime.store, metrics, max_schedules=settings.max_schedules)
     maintenance.add_job(
         SCHEDULE_JOB_ID, "schedule windows", runtime.schedules.tick, SCHEDULE_TICK_S
     )

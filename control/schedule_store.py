@@ -21,14 +21,15 @@ from collections.abc import Callable
 from datetime import datetime
 
 from pydantic import ValidationError
-from sqlalchemy import Engine
+from sqlalchemy import Engine, func
 from sqlmodel import Session, col, select
 
+from control.core.config import DEFAULT_MAX_SCHEDULES
 from control.metrics import ControlMetrics
 from control.models import PolicyVersion, Schedule, as_utc, utcnow
 from control.policy_checks import SettingsInvalid, pydantic_errors
 from control.schedule_views import audit, detail_of, public, spec_of, view_of
-from control.schedules import active_window
+from control.schedules import FiringCache
 from control.schemas import (
     PolicySettings,
     PolicyUpdate,
@@ -52,6 +53,17 @@ class ScheduleNotFound(LookupError):
     pass
 
 
+def too_many(cap: int) -> dict[str, object]:
+    """The 422 error past ``max_schedules`` (``loc`` the body: no one field is at fault)."""
+    return {
+        "type": "too_many_schedules",
+        "loc": (),
+        "msg": f"at most {cap} live schedules (max_schedules): delete one first",
+        "input": None,
+        "ctx": {"max_schedules": cap},
+    }
+
+
 def _stamp(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -63,11 +75,15 @@ class Schedules:
         store: PolicyStore,
         metrics: ControlMetrics,
         clock: Callable[[], datetime] = utcnow,
+        max_schedules: int = DEFAULT_MAX_SCHEDULES,
     ) -> None:
         self._db = db
         self._store = store
         self._metrics = metrics
+        self._max = max_schedules
         self._clock = clock
+        self._firings = FiringCache()
+        self._published: tuple[int | None, list[int]] | None = None
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -84,22 +100,23 @@ class Schedules:
     def list(self, session: Session) -> ScheduleList:
         now = self._clock()
         rows = self._live(session)
-        window = active_window([spec_of(r) for r in rows], now)
+        window = self._firings.active_window([spec_of(r) for r in rows], now)
         active = window.schedule_id if window else None
-        return ScheduleList(items=[view_of(r, now, active) for r in rows], active=active)
+        items = [view_of(r, self._firings.next_run(spec_of(r), now), active) for r in rows]
+        return ScheduleList(items=items, active=active)
 
     def in_force(self, now: datetime | None = None) -> int | None:
         """The id of the schedule whose window is in force at ``now`` (default: the clock),
         by the same ``active_window`` the job uses; None when no window is open."""
         moment = self._clock() if now is None else now
         with Session(self._db) as session:
-            window = active_window([spec_of(r) for r in self._live(session)], moment)
+            window = self._firings.active_window([spec_of(r) for r in self._live(session)], moment)
         return window.schedule_id if window else None
 
     def get(self, session: Session, schedule_id: int) -> ScheduleDetail:
         now = self._clock()
         row = self._row(session, schedule_id)
-        window = active_window([spec_of(r) for r in self._live(session)], now)
+        window = self._firings.active_window([spec_of(r) for r in self._live(session)], now)
         return detail_of(session, row, now, window.schedule_id if window else None)
 
     # -- writing ---------------------------------------------------------------------------
@@ -116,13 +133,19 @@ class Schedules:
             actor=actor,
         )
         session.add(row)
-        session.flush()
+        session.flush()  # the write lock, held to the commit: creates are counted one at a time
         assert row.id is not None
+        live = session.exec(
+            select(func.count()).select_from(Schedule).where(col(Schedule.deleted_at).is_(None))
+        ).one()
+        if live > self._max:
+            session.rollback()
+            raise SettingsInvalid([too_many(self._max)])
         audit(session, row.id, "create", actor, body.reason, None, public(row))
         session.commit()
         session.refresh(row)
         log.info("schedule %d created by %s: %s until %s", row.id, actor, row.cron, row.until)
-        return view_of(row, self._clock(), None)
+        return view_of(row, self._firings.next_run(spec_of(row), self._clock()), None)
 
     def delete(self, session: Session, schedule_id: int, actor: str, reason: str) -> ScheduleView:
         row = self._row(session, schedule_id)
@@ -132,7 +155,7 @@ class Schedules:
         audit(session, schedule_id, "delete", actor, reason, before, None)
         session.commit()
         session.refresh(row)
-        return view_of(row, self._clock(), None)
+        return view_of(row, None, None)
 
     # -- the job ---------------------------------------------------------------------------
 
@@ -141,10 +164,11 @@ class Schedules:
         now = self._clock()
         with Session(self._db) as session:
             live = self._live(session)
-            window = active_window([spec_of(r) for r in live], now)
-            self._metrics.set_schedule_windows(
-                window.schedule_id if window else None, [r.id for r in live if r.id is not None]
-            )
+            window = self._firings.active_window([spec_of(r) for r in live], now)
+            windows = (window.schedule_id if window else None, [r.id for r in live if r.id])
+            if windows != self._published:  # the gauge is rewritten only when it changes
+                self._metrics.set_schedule_windows(*windows)
+                self._published = windows
             holding = session.exec(
                 select(Schedule).where(col(Schedule.applied_version).is_not(None))
             ).all()

@@ -39,9 +39,9 @@ def spec_of(row: Schedule) -> WindowSpec:
     return WindowSpec(row.id, row.cron, row.until, row.timezone, row.priority, row.cron_seconds)
 
 
-def view_of(row: Schedule, now: datetime, active: int | None) -> ScheduleView:
-    """The schedule as listed; ``active`` is the id of the schedule in force (if any)."""
-    firings = next_firings(spec_of(row), now, 1)
+def view_of(row: Schedule, next_run: datetime | None, active: int | None) -> ScheduleView:
+    """The schedule as listed: ``next_run`` its next firing (``FiringCache.next_run``),
+    ``active`` the id of the schedule in force (if any)."""
     return ScheduleView.model_validate(
         {
             **row.model_dump(),
@@ -49,7 +49,7 @@ def view_of(row: Schedule, now: datetime, active: int | None) -> ScheduleView:
             "created_at": as_utc(row.created_at),
             "window_start": row.window_start and as_utc(row.window_start),
             "last_end_at": row.last_end_at and as_utc(row.last_end_at),
-            "next_run_at": firings[0] if firings else None,
+            "next_run_at": next_run,
             "active": row.id == active,
         }
     )
@@ -65,7 +65,7 @@ def detail_of(session: Session, row: Schedule, now: datetime, active: int | None
         .order_by(col(ScheduleChange.id))
     ).all()
     return ScheduleDetail(
-        **view_of(row, now, active).model_dump(),
+        **view_of(row, firings[0] if firings else None, active).model_dump(),
         next_firings=firings,
         next_ends=[window_end(f, row.until, row.timezone) for f in firings],
         changes=[

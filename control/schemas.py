@@ -22,7 +22,7 @@ from pydantic_core import PydanticCustomError
 
 from control.core.config import MEMORY_RESERVE_BOUNDS, RECLAIM_INTERVAL_BOUNDS
 from control.openai_fields import JsonInt, UnsupportedFields, _json_integer
-from control.schedules import TIMEZONE_MAX_LENGTH, cron_trigger, wall_time, zone
+from control.schedules import TIMEZONE_MAX_LENGTH, check_fires, cron_trigger, wall_time, zone
 from engine.kv_stats import KVStats
 from engine.sampling_params import MAX_LOGPROBS, MAX_N
 from engine.snapshot import Latency, QueueDepths, RequestSnapshot, Throughput, Totals
@@ -584,7 +584,10 @@ class ScheduleCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    cron: StrictStr = Field(description="Crontab (5 fields: minute hour day month weekday).")
+    cron: StrictStr = Field(
+        description="Crontab (5 fields: minute hour day month weekday) that fires within the "
+        "next five years."
+    )
     cron_seconds: StrictStr | None = Field(
         None, description="Optional cron seconds field (e.g. `30`, `*/10`); crontab has none."
     )
@@ -601,6 +604,7 @@ class ScheduleCreate(BaseModel):
     @classmethod
     def _cron(cls, value: str) -> str:
         cron_trigger(value, "UTC")
+        check_fires(value)  # 30 February: refused here, never searched for on every tick
         return value
 
     @field_validator("cron_seconds")

@@ -14,7 +14,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlmodel import Session
 
 from control.api.errors import ApiError
+from control.guardrail.rows import ACTOR as GUARDRAIL_ACTOR
+from control.policy_rows import SEED_ACTOR
 from control.runtime import AppContext, Runtime
+from control.schedule_store import ACTOR_PREFIX as SCHEDULE_ACTOR_PREFIX
 from engine.async_engine import AsyncEngine
 
 ACTOR_MAX_LEN = 100
@@ -140,12 +143,42 @@ def if_match_version(
 IfMatchDep = Annotated[int | None, Depends(if_match_version)]
 
 
+SYSTEM_ACTORS = frozenset((SEED_ACTOR, GUARDRAIL_ACTOR))
+"""The names the server's own writes carry (the seed version, the guardrail's versions); with
+``schedule:<id>`` (a window's), the window-end logic and the guardrail's rate limit read them."""
+
+
+def reserved_actor(actor: str) -> bool:
+    """Whether ``actor`` names the server itself (case aside: SQLite's LIKE ignores it)."""
+    name = actor.strip().casefold()
+    return name in SYSTEM_ACTORS or name.startswith(SCHEDULE_ACTOR_PREFIX)
+
+
 def actor_of(
     x_servedeck_actor: Annotated[
-        str | None, Header(max_length=ACTOR_MAX_LEN, description="Who makes the change.")
+        str | None,
+        Header(
+            max_length=ACTOR_MAX_LEN,
+            description="Who makes the change (default admin); the server's own names "
+            f"({', '.join(sorted(SYSTEM_ACTORS))}, {SCHEDULE_ACTOR_PREFIX}<id>) are refused.",
+        ),
     ] = None,
 ) -> str:
-    return (x_servedeck_actor or "").strip() or "admin"
+    """The person a change is recorded under; 422 naming the header for a system actor, so the
+    audit trail, a window's end and the guardrail's rate limit cannot be misled."""
+    actor = (x_servedeck_actor or "").strip() or "admin"
+    if reserved_actor(actor):
+        raise RequestValidationError(
+            [
+                {
+                    "type": "value_error",
+                    "loc": ("header", "x-servedeck-actor"),
+                    "msg": f"X-Servedeck-Actor {actor!r} is reserved for the server's own changes",
+                    "input": x_servedeck_actor,
+                }
+            ]
+        )
+    return actor
 
 
 ActorDep = Annotated[str, Depends(actor_of)]

@@ -23,6 +23,8 @@ __all__ = ["MEMORY_RESERVE_BOUNDS", "RECLAIM_INTERVAL_BOUNDS", "Settings"]
 
 RECLAIM_INTERVAL_BOUNDS = (0.5, 3600.0)
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_SCHEDULES = 100
+"""Live schedules at most (``max_schedules``): the schedule job reads them all every second."""
 POLICY_OVERRIDES = ("policy", "memory_reserve")
 """EngineConfig fields the stored policy version decides; a setting overrides it."""
 ENGINE_SETTINGS = (
@@ -90,6 +92,9 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
     max_json_depth: int = Field(64, ge=2, description="Deeper JSON nesting gets 400.")
     max_stop_strings: int = Field(16, ge=1, description="Stop strings a request may give.")
     max_stop_length: int = Field(256, ge=1, description="Characters of one stop string.")
+    max_schedules: int = Field(
+        DEFAULT_MAX_SCHEDULES, ge=1, description="Live schedules at most (more: 422)."
+    )
     maintenance_retention: int = Field(
         1000, ge=10, description="Maintenance runs kept in the database."
     )

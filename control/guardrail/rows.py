@@ -24,6 +24,7 @@ from control.guardrail.schemas import (
 from control.models import GuardrailDecision, GuardrailSetting, PolicyVersion, as_utc
 from control.schemas import SettingPrediction
 from engine.config import EngineLimits
+from policies.registry import POLICIES
 
 ACTOR = "guardrail"
 """The actor of the policy versions the guardrail stores."""
@@ -86,6 +87,37 @@ def cap_errors(update: GuardrailConfig, limits: EngineLimits) -> list[dict[str, 
                     "ctx": {"le": cap},
                 }
             )
+    return errors
+
+
+def contradictions(update: GuardrailConfig) -> list[dict[str, Any]]:
+    """Pydantic-style errors for bounds that say two things: a policy allowed twice
+    (``bounds.policies``), or a bounded knob that no allowed policy has (``bounds.max_num_seqs``
+    with only ``static`` allowed: the guardrail could never move it)."""
+    allowed = update.bounds.policies
+    errors: list[dict[str, Any]] = []
+    if twice := sorted({name for name in allowed if allowed.count(name) > 1}):
+        errors.append(
+            {
+                "type": "value_error",
+                "loc": ("bounds", "policies"),
+                "msg": f"Value error, policies allowed more than once: {', '.join(twice)}",
+                "input": allowed,
+            }
+        )
+    for knob in plan.PARAM_KNOBS:
+        bound = getattr(update.bounds, knob)
+        if bound is None or any(knob in POLICIES[n].params_model.model_fields for n in allowed):
+            continue
+        errors.append(
+            {
+                "type": "value_error",
+                "loc": ("bounds", knob),
+                "msg": f"Value error, no allowed policy ({', '.join(allowed)}) has {knob}: "
+                "leave it null or allow a policy that has it",
+                "input": bound.model_dump(),
+            }
+        )
     return errors
 
 

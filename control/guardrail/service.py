@@ -134,9 +134,10 @@ class Guardrail:
 
     def put(self, session: Session, update: GuardrailUpdate, actor: str) -> GuardrailView:
         """Store the whole config as a new revision (audited) and put it in force; bounds
-        above the engine caps raise ``SettingsInvalid`` naming them. Once it answers, no
-        evaluation under the old config acts any more (the kill switch holds at once)."""
-        if errors := rows.cap_errors(update, self._store.limits):
+        above the engine caps or contradicting the allowed policies raise ``SettingsInvalid``
+        naming them. Once it answers, no evaluation under the old config acts any more (the
+        kill switch holds at once)."""
+        if errors := rows.contradictions(update) + rows.cap_errors(update, self._store.limits):
             raise SettingsInvalid(errors)
         row = rows.setting_row(update, actor)
         with self._deciding:
