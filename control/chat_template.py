@@ -3,7 +3,9 @@
 Where the template lives (``find_template``), first found wins, as transformers reads them:
 ``chat_template.jinja`` beside the tokenizer, the ``chat_template`` of ``chat_template.json``
 (the processors' older file), then ``tokenizer_config.json``'s ``chat_template`` (a string, or
-a list of ``{"name", "template"}`` of which the ``default`` one is used).
+a list of ``{"name", "template"}`` of which the ``default`` one is used). A GGUF checkpoint
+(a ``.gguf`` path) carries its own: ``tokenizer.chat_template`` and its special tokens
+(``engine.gguf_tokenizer``).
 
 Rendering follows ``transformers.utils.chat_template_utils``: an immutable sandboxed jinja2
 environment with ``trim_blocks`` and ``lstrip_blocks``, ``loopcontrols``, a ``tojson`` filter
@@ -29,6 +31,9 @@ import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
+
+from engine.gguf_tokenizer import gguf_tokenizer
+from engine.model.gguf_file import is_gguf
 
 TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATE_JSON = "chat_template.json"
@@ -166,6 +171,9 @@ def _named(templates: Any) -> str | None:
 
 def find_template(model_dir: Path) -> tuple[str, Path] | None:
     """The template's text and the file holding it, or None when the checkpoint has none."""
+    if is_gguf(model_dir):
+        source = gguf_tokenizer(model_dir).chat_template
+        return None if source is None else (source, model_dir)
     if (path := model_dir / TEMPLATE_FILE).is_file():
         return path.read_text(encoding="utf-8"), path
     path = model_dir / TEMPLATE_JSON
@@ -185,8 +193,11 @@ def load_chat_template(model_dir: Path) -> ChatTemplate | None:
     if found is None:
         return None
     source, path = found
-    config = _read_json(model_dir / TOKENIZER_CONFIG)
-    tokens = {name: text for name in SPECIAL_TOKENS if (text := _token_text(config.get(name)))}
+    if is_gguf(model_dir):
+        tokens = dict(gguf_tokenizer(model_dir).special_tokens)
+    else:
+        config = _read_json(model_dir / TOKENIZER_CONFIG)
+        tokens = {name: text for name in SPECIAL_TOKENS if (text := _token_text(config.get(name)))}
     try:
         _compile(source)
     except jinja2.exceptions.TemplateError as exc:

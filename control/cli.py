@@ -24,6 +24,7 @@ GENERATE_FLAGS = (
     "max_num_batched_tokens",
     "attention_backend",
     "tensor_parallel_size",
+    "tokenizer",
 )
 """EngineConfig fields ``servedeck generate`` takes as flags (defaults: EngineConfig's)."""
 
@@ -62,7 +63,7 @@ def add_config_flags(
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="Hugging Face model folder (default: embedded small)")
+    parser.add_argument("--model", help="HF model folder or GGUF file (default: embedded small)")
     add_config_flags(parser, GENERATE_FLAGS)
 
 
@@ -98,7 +99,7 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     """Unset flags stay None so the environment and the policy store decide; the engine's
     flags come from EngineConfig's fields (``add_config_flags``)."""
     add = parser.add_argument
-    add("--model", help="Hugging Face model folder (default: the embedded checkpoint)")
+    add("--model", help="Hugging Face model folder or GGUF file (default: the embedded one)")
     add("--host", help="address to listen on (default 127.0.0.1)")
     add("--port", type=int, help="port (default 8000)")
     add("--db", help="SQLite file (default: <cache>/servedeck.db)")
@@ -317,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_load_parser(sub)
 
     p = sub.add_parser("calibrate", help="fit a step cost model to this engine on this machine")
-    p.add_argument("--model", help="Hugging Face model folder (default: the embedded small)")
+    p.add_argument("--model", help="model folder or GGUF file (default: the embedded small)")
     p.add_argument(
         "--threads", type=int, default=DEFAULT_THREADS, help="torch threads (default: bench's)"
     )

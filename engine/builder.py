@@ -26,9 +26,12 @@ from tokenizers import Tokenizer
 from engine.checkpoint import BOS, EOS, PRESETS, build_tokenizer, hf_config
 from engine.checkpoint import random_weights as preset_weights
 from engine.config import CPU_KV_CACHE_BYTES, EngineConfig, EngineLimits
+from engine.errors import CheckpointError
+from engine.gguf_tokenizer import gguf_tokenizer
 from engine.host_memory import retain_freed_memory
 from engine.kv_cache import allocate_kv_cache, kv_bytes_per_block
 from engine.model.config import ModelConfig
+from engine.model.gguf_file import is_gguf
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import build_model, load_model
 from engine.parallel.shard import SINGLE, Shard, check_divisible
@@ -61,12 +64,16 @@ class ModelBundle:
 
 
 def load_tokenizer(path: Path) -> Tokenizer | None:
+    """``tokenizer.json`` of a folder, or the tokenizer a GGUF file describes."""
+    if is_gguf(path):
+        return gguf_tokenizer(path).tokenizer
     file = path / "tokenizer.json"
     return Tokenizer.from_file(str(file)) if file.is_file() else None
 
 
 def eos_token_ids(path: Path, model_config: ModelConfig) -> tuple[int, ...]:
-    """``generation_config.json`` wins over ``config.json``, as in transformers."""
+    """``generation_config.json`` wins over ``config.json``, as in transformers (a GGUF file:
+    its EOS and EOT ids, in the model config)."""
     file = path / "generation_config.json"
     if file.is_file():
         eos = json.loads(file.read_text()).get("eos_token_id")
@@ -137,7 +144,11 @@ def _load(
         return _random_bundle(random_weights, dtype, device, shard)
     path = Path(config.model)
     model = load_model(path, dtype, device, shard)
-    return ModelBundle(model, load_tokenizer(path), eos_token_ids(path, model.config))
+    tokenizer_path = Path(config.tokenizer) if config.tokenizer else path
+    tokenizer_file = tokenizer_path / "tokenizer.json"
+    if config.tokenizer and not is_gguf(tokenizer_path) and not tokenizer_file.is_file():
+        raise CheckpointError(f"no tokenizer.json in {tokenizer_path}", tokenizer_path)
+    return ModelBundle(model, load_tokenizer(tokenizer_path), eos_token_ids(path, model.config))
 
 
 def _model_config(config: EngineConfig, random_weights: RandomWeights | None) -> ModelConfig:

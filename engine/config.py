@@ -49,7 +49,10 @@ class EngineConfig:
     (``config_options()``); the bounds are checked here and repeated by pydantic there.
     """
 
-    model: str = field(metadata={"help": "Hugging Face model folder"})
+    model: str = field(metadata={"help": "Hugging Face model folder or GGUF file"})
+    tokenizer: str | None = knob(
+        None, "tokenizer folder (tokenizer.json) overriding the model's own (default: the model's)"
+    )
     policy: str = knob("continuous", "batch scheduling policy (a policies.base.PolicyName)")
     device: str = knob("cpu", "torch device: cpu or cuda")
     dtype: Literal["float32", "bfloat16", "float16"] = knob("float32", "weights and KV dtype")

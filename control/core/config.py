@@ -38,6 +38,7 @@ ENGINE_SETTINGS = (
     "max_num_batched_tokens",
     "num_threads",
     "tensor_parallel_size",
+    "tokenizer",
 )
 """EngineConfig fields the server takes as settings, with EngineConfig's defaults."""
 
@@ -70,7 +71,7 @@ DEMO_LOAD_RATE = 2.0
 class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
     model_config = SettingsConfigDict(env_prefix="SERVEDECK_", extra="ignore")
 
-    model: Path | None = Field(None, description="Hugging Face model folder (default: embedded).")
+    model: Path | None = Field(None, description="Model folder or GGUF file (default: embedded).")
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)

