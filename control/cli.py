@@ -63,7 +63,7 @@ def add_config_flags(
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="HF model folder or GGUF file (default: embedded small)")
+    parser.add_argument("--model", help="HF model folder or GGUF file (default: the embedded one)")
     add_config_flags(parser, GENERATE_FLAGS)
 
 

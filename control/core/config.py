@@ -208,6 +208,6 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
     def model_dir(self) -> Path:
         if self.model is not None:
             return self.model
-        from engine.checkpoint import default_model_dir
+        from engine.shipped_models import embedded_default
 
-        return default_model_dir()
+        return embedded_default()

@@ -1,7 +1,8 @@
-"""What schedules cost the rest of the server (issue 23, defect 1).
+"""What schedules cost the rest of the server (issue 23, defect 1): a probe of the control
+plane's own job, so it lives here rather than in bench/ (which may not import control/).
 
-    python -m bench.schedule_load tick --schedules 1 100 --cron "0 9 * * *"
-    python -m bench.schedule_load load --out bench/results/reliability/schedule-load.json
+    python -m control.schedule_probe tick --schedules 1 100 --cron "0 9 * * *"
+    python -m control.schedule_probe load --out bench/results/reliability/schedule-load.json
 
 ``tick``: in this process, on a migrated SQLite file of its own, the schedule job's ``tick()``
 and ``GET /admin/schedules``'s ``list()`` timed with N stored schedules (rows written directly,
