@@ -154,6 +154,12 @@ class Runtime:
             time.sleep(DRAIN_POLL_S)
         return True
 
+    def cut_off(self, reason: str) -> int:
+        """End every request still in flight now with ``EngineStopped(reason)``; how many."""
+        if self.fleet is not None:
+            return self.fleet.engine.cut_off_all(reason)
+        return self.engine.cut_off(reason)
+
     def close(self) -> None:
         self.maintenance.shutdown()
         self.guardrail.close()
@@ -214,7 +220,15 @@ class AppContext:
         log.info("draining: waiting up to %.0f s for the requests in flight", timeout)
         drained = self.runtime.wait_idle(timeout)
         if not drained:
-            log.warning("drain timeout: requests still in flight are cut off")
+            cut = self.runtime.cut_off(
+                f"the server shut down before the request finished (its drain timeout of "
+                f"{timeout:g} s passed); retry the request"
+            )
+            log.warning(
+                "drain timeout after %g s: %d request(s) still in flight cut off (engine_stopped)",
+                timeout,
+                cut,
+            )
         return drained
 
     def close(self) -> None:
