@@ -27,6 +27,9 @@ from control.guardrail.service import JOB_ID as GUARDRAIL_JOB_ID
 from control.guardrail.service import TICK_S as GUARDRAIL_TICK_S
 from control.guardrail.service import Guardrail
 from control.maintenance import Maintenance
+from control.memory_trim import JOB_ID as MEMORY_TRIM_JOB_ID
+from control.memory_trim import TICK_S as MEMORY_TRIM_TICK_S
+from control.memory_trim import MemoryTrim
 from control.metrics import ControlMetrics
 from control.policy_rows import seed, with_overrides
 from control.prediction import Predictor
@@ -353,6 +356,10 @@ def load_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Run
         "engine stall watchdog",
         watchdog.check,
         check_interval(settings.stall_timeout_s),
+    )
+    trim = MemoryTrim(engine)
+    maintenance.add_job(
+        MEMORY_TRIM_JOB_ID, "give memory back after a load", trim.tick, MEMORY_TRIM_TICK_S
     )
     engine.start()
     maintenance.start()
