@@ -44,10 +44,10 @@ class MemoryConfig:
     clients: int = 4
     load_s: float = 40.0
     idle_s: float = 60.0
-    prompt_tokens: int = 1000
+    prompt_tokens: int = 600
     n: int = 8
     logprobs: int = 5
-    max_tokens: int = 48
+    max_tokens: int = 32
     drop_after_chunks: int = 8
     seed: int = 0
     server_args: tuple[str, ...] = ()

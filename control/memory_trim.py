@@ -1,20 +1,21 @@
 """Memory given back after a load (issue 23, defect 6): a small job that, once the engine has
-gone idle after work, asks the C allocator to return its free pages to the system.
+gone idle after work, frees the engine's step buffers and asks the C allocator to return its
+free pages to the system.
 
-Why: the answers of heavy requests (MBs of JSON with logprobs, the engine's per-step lists)
-are made and freed on many threads (the event loop, the tokenizer's thread pool, the engine
-thread), each with a glibc malloc arena of its own. Freed, that memory stays in the arenas:
-glibc returns only the top of the main heap by itself, and its mmap threshold rises with each
-large block freed, so later large blocks come from the arenas too. ``malloc_trim(0)`` walks
-every arena and gives back each free page (``madvise``), so resident memory falls back near
-its pre-load value. What stays is bounded and reused by the next load: the engine's decode
-gather buffers (``DecodeGatherCache``, within its budget), the arrivals log (capped) and
-pages still holding live objects.
+What held it: the torch attention backend's decode gather buffers (``DecodeGatherCache``: each
+decode row's K/V copied out of the pool, per layer, kept across steps), whose budget is twice
+the KV pool. A load of many long decode rows (``n`` choices of a long prompt) grows them to
+hundreds of MB, and they were kept after the last request ended, for good. They are freed now
+(``LLMEngine.release_buffers``, a command run at the step boundary; the next decode step
+lays them out afresh, as its first step after an idle spell did anyway). Then
+``malloc_trim(0)`` gives back the free pages of every glibc arena: heavy answers (MBs of JSON
+with logprobs) are made and freed on many threads, and glibc keeps what they freed.
 
-The trim runs when the loop was idle on two ticks in a row after steps ran (so the last
-answers were written), once per load; it takes milliseconds. Elsewhere than glibc it does
-nothing. With ``--replicas`` it reads the control plane's own (idle) engine and so never runs:
-the replicas' processes are Ray's.
+What stays is bounded: the KV pool (allocated whole at start), the arrivals log (capped),
+pages still holding live objects. The trim runs when the loop was idle on two ticks in a row
+after steps ran (so the last answers were written), once per load; it takes milliseconds.
+Without glibc only the buffers are freed. With ``--replicas`` it reads the control plane's own
+(idle) engine and so never runs: the replicas' processes are Ray's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 JOB_ID = "memory_trim"
 TICK_S = 5.0
+RELEASE_TIMEOUT_S = 5.0
 
 
 def glibc_malloc_trim() -> Callable[[], bool] | None:
@@ -66,7 +68,11 @@ class MemoryTrim:
         if idle_before != health.step or health.step == self._trimmed_step:
             return  # idle only since this tick, or nothing ran since the last trim
         self._trimmed_step = health.step
+        try:  # on the engine thread, at once: it is idle
+            self._engine.engine.release_buffers().result(RELEASE_TIMEOUT_S)
+        except TimeoutError:
+            return  # a step began meanwhile: the next idle spell trims
         if self._trim is not None:
             self._trim()
-            self.trims += 1
-            log.debug("idle after step %d: free C heap pages given back", health.step)
+        self.trims += 1
+        log.debug("idle after step %d: buffers freed, free C heap pages given back", health.step)
