@@ -46,6 +46,9 @@ EXCLUDED_REGEX = "|".join(f"(?:{pattern})" for pattern in EXCLUDED_PATHS)
 DOCUMENTED_REFUSALS = {
     "context_length_exceeded": "prompt tokens + max_tokens beyond max_model_len or the KV pool: "
     "it depends on the tokenized prompt (OpenAI's code for it)",
+    "request_too_large": "a request's whole cost past max_request_tokens (n × (prompt + "
+    "max_tokens)) or max_logprob_entries (n × (echoed prompt + max_tokens) × (logprobs + 1)): it "
+    "depends on the tokenized prompt",
     "schedule_window": "POST /admin/schedules: a 422 naming only cron, cron_seconds, timezone "
     "or until, as value errors: the schema says they are strings; a crontab field's validity "
     "(ordered ranges, per-field bounds, names) is APScheduler's, a zone's is the server's "

@@ -154,6 +154,8 @@ SERVER_LIMITS = (
     "max_stop_strings",
     "max_stop_length",
     "max_schedules",
+    "max_request_tokens",
+    "max_logprob_entries",
     "fleet_drain_timeout_s",
     "prefix_probe_timeout_s",
 )

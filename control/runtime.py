@@ -28,6 +28,9 @@ from control.guardrail.service import JOB_ID as GUARDRAIL_JOB_ID
 from control.guardrail.service import TICK_S as GUARDRAIL_TICK_S
 from control.guardrail.service import Guardrail
 from control.maintenance import Maintenance
+from control.memory_trim import JOB_ID as MEMORY_TRIM_JOB_ID
+from control.memory_trim import TICK_S as MEMORY_TRIM_TICK_S
+from control.memory_trim import MemoryTrim
 from control.metrics import ControlMetrics
 from control.policy_rows import seed, with_overrides
 from control.prediction import Predictor
@@ -155,6 +158,12 @@ class Runtime:
             time.sleep(DRAIN_POLL_S)
         return True
 
+    def cut_off(self, reason: str) -> int:
+        """End every request still in flight now with ``EngineStopped(reason)``; how many."""
+        if self.fleet is not None:
+            return self.fleet.engine.cut_off_all(reason)
+        return self.engine.cut_off(reason)
+
     def close(self) -> None:
         self.maintenance.shutdown()
         self.guardrail.close()
@@ -215,7 +224,15 @@ class AppContext:
         log.info("draining: waiting up to %.0f s for the requests in flight", timeout)
         drained = self.runtime.wait_idle(timeout)
         if not drained:
-            log.warning("drain timeout: requests still in flight are cut off")
+            cut = self.runtime.cut_off(
+                f"the server shut down before the request finished (its drain timeout of "
+                f"{timeout:g} s passed); retry the request"
+            )
+            log.warning(
+                "drain timeout after %g s: %d request(s) still in flight cut off (engine_stopped)",
+                timeout,
+                cut,
+            )
         return drained
 
     def close(self) -> None:
@@ -343,6 +360,10 @@ def load_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Run
         "engine stall watchdog",
         watchdog.check,
         check_interval(settings.stall_timeout_s),
+    )
+    trim = MemoryTrim(engine)
+    maintenance.add_job(
+        MEMORY_TRIM_JOB_ID, "give memory back after a load", trim.tick, MEMORY_TRIM_TICK_S
     )
     engine.start()
     maintenance.start()

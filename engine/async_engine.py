@@ -138,6 +138,8 @@ class AsyncEngine:
         self._streams: dict[str, RequestStream] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._cut_off: str | None = None
+        """Set by ``cut_off``: why a new request is refused while the server shuts down."""
         self._last_progress = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="servedeck-engine", daemon=True)
 
@@ -153,6 +155,15 @@ class AsyncEngine:
         if self._thread.is_alive():
             self._thread.join(timeout)
         self._fail_all(EngineStopped("the engine shut down before the request finished"))
+
+    def cut_off(self, reason: str) -> int:
+        """A drain's deadline: end every open stream now with ``EngineStopped(reason)`` (the
+        routes answer an error event and ``[DONE]``, or a 503) and abort its request at the
+        next step boundary; later requests are refused the same way. Safe from any thread,
+        also while a step hangs; the loop keeps running until ``shutdown``. Answers how many
+        requests were cut off."""
+        self._cut_off = reason
+        return self._fail_all(EngineStopped(reason), abort=True)
 
     @property
     def is_running(self) -> bool:
@@ -181,6 +192,8 @@ class AsyncEngine:
         its stream. Call from a running event loop: outputs are delivered to that loop."""
         if not self.is_running:
             raise EngineStopped("the engine is not running")
+        if self._cut_off is not None:
+            raise EngineStopped(self._cut_off)
         request_id = request_id or uuid.uuid4().hex
         stream = RequestStream(request_id, self, asyncio.get_running_loop())
         with self._lock:
@@ -284,7 +297,8 @@ class AsyncEngine:
         if stream is not None:
             _deliver_to(stream._loop, [(stream, error)])
 
-    def _fail_all(self, error: BaseException, abort: bool = False) -> None:
+    def _fail_all(self, error: BaseException, abort: bool = False) -> int:
+        """End every open stream with ``error`` (``abort``: and its request); how many."""
         with self._lock:
             streams, self._streams = self._streams, {}
         deliveries: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Any]]] = defaultdict(
@@ -292,13 +306,14 @@ class AsyncEngine:
         )
         for request_id, stream in streams.items():
             deliveries[stream._loop].append((stream, error))
-            if abort:  # on the engine thread between steps: runs now, frees the blocks
+            if abort:  # runs now between steps on the engine thread, else at the next boundary
                 try:
                     self.engine.abort(request_id)
                 except Exception:
-                    log.exception("could not abort %s after a failed step", request_id)
+                    log.exception("could not abort %s", request_id)
         for loop, items in deliveries.items():
             _deliver_to(loop, items)
+        return len(streams)
 
 
 def _deliver_to(

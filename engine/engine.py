@@ -187,6 +187,16 @@ class LLMEngine:
         """Stop a request and free its blocks; its stream ends with ``finish_reason='abort'``."""
         return self.commands.submit(lambda: self._abort(request_id))
 
+    def release_buffers(self) -> Future[None]:
+        """At the next step boundary, free what the runner keeps between steps (the decode
+        gather buffers; a runner without any, such as the simulator's, keeps nothing)."""
+
+        def release() -> None:
+            if (free := getattr(self.runner, "release_buffers", None)) is not None:
+                free()
+
+        return self.commands.submit(release)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._sequences or self._inbox or self._pending_outputs)
 

@@ -127,6 +127,10 @@ class ModelRunner:
         self.last_forward_s = time.perf_counter() - started
         return result
 
+    def release_buffers(self) -> None:
+        """What the attention backend keeps between steps, freed (the engine is idle)."""
+        self.attention.release_buffers()
+
     def _prompt_logprobs(
         self, hidden: torch.Tensor, rows: list[PromptRow]
     ) -> dict[str, tuple[int, list[TokenLogprob]]]:

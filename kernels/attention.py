@@ -172,6 +172,10 @@ class AttentionBackend(ABC, Generic[M]):
         out[p] = self.prefill(layer, query[p], key[p], value[p], meta, scale)
         return out
 
+    def release_buffers(self) -> None:
+        """Drop what the backend keeps between steps (the engine went idle after a load): the
+        next step builds it again. Nothing here; the torch backend frees its gather buffers."""
+
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: block ``src``'s K/V into block ``dst``, every layer."""
         src = torch.tensor([s for s, _ in copies], device=self.device)

@@ -192,6 +192,17 @@ class DecodeGatherCache:
         """Every layer has run this step's plan: the next step may keep it."""
         self._finished = self._planned
 
+    def buffer_bytes(self) -> int:
+        """Bytes the buckets' buffers hold now (each tensor once: layers may share one)."""
+        tensors = {id(t): t for b in self._buckets for pair in b.buffers for t in pair}
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def release(self) -> None:
+        """Free every bucket's buffers (up to ``budget_bytes``, kept otherwise for the next
+        step): the engine is idle. The next step lays them out and gathers afresh."""
+        self._buckets, self._where, self._shared = [], {}, None
+        self._planned = self._finished = -1
+
     def invalidate(self) -> None:
         """Blocks were copied (copy-on-write): the rows' tables tell which slots changed."""
 

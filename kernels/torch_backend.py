@@ -93,6 +93,9 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             scale,
         )
 
+    def release_buffers(self) -> None:
+        self.gathers.release()
+
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         super().copy_blocks(copies)
         self.gathers.invalidate()

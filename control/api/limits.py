@@ -1,7 +1,8 @@
 """Limits a completion request meets before it reaches the engine, each cheap and each a 400
-naming the field: the size of the stop list, and a text prompt that cannot fit in
+naming the field: the size of the stop list, a text prompt that cannot fit in
 ``max_model_len`` whatever it tokenizes to (the engine's own check, ``LLMEngine.tokenize``), run
-with the tokenization off the event loop.
+with the tokenization off the event loop, and the request's whole cost (``RequestCost``: its
+tokens and its logprob entries, summed over its prompts and choices).
 
 The engine repeats its own checks on the token ids (``max_model_len``, the KV pool,
 ``max_tokens``): these only refuse early what it would refuse anyway, without the cost.
@@ -9,10 +10,17 @@ The engine repeats its own checks on the token ids (``max_model_len``, the KV po
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from starlette.concurrency import run_in_threadpool
 
+from control.api.errors import ApiError
 from engine.engine import LLMEngine
 from engine.errors import RequestRejected
+
+REQUEST_TOO_LARGE = "request_too_large"
+"""``error.code`` of a request past ``max_request_tokens`` or ``max_logprob_entries``."""
 
 
 def check_stop_list(stops: list[str], max_strings: int, max_length: int) -> None:
@@ -35,3 +43,84 @@ async def prompt_token_ids(prompt: str | list[int], engine: LLMEngine) -> list[i
     if not isinstance(prompt, str):
         return prompt
     return await run_in_threadpool(engine.tokenize, prompt)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCost:
+    """What one request asks of the server, summed over its prompts (a batch counts whole)
+    and its ``n`` choices of each: the tokens its sequences may hold,
+    ``Σ n × (prompt + max_tokens)``, and the logprob entries its answer may carry,
+    ``Σ n × (echoed prompt + max_tokens) × (top_logprobs + 1)`` (none without logprobs)."""
+
+    n: int
+    prompt_tokens: int
+    """Σ over the prompts of their lengths."""
+    max_tokens: int
+    """Per choice (each prompt's choices may each generate this many)."""
+    top_logprobs: int | None
+    echo: bool
+    tokens: int
+    logprob_entries: int
+
+    @classmethod
+    def of(
+        cls,
+        prompt_lengths: Sequence[int],
+        n: int,
+        max_tokens: int,
+        top_logprobs: int | None,
+        echo: bool = False,
+    ) -> RequestCost:
+        prompts = sum(prompt_lengths)
+        outputs = len(prompt_lengths) * max_tokens
+        tokens = n * (prompts + outputs)
+        entries = 0
+        if top_logprobs is not None:
+            entries = n * ((prompts if echo else 0) + outputs) * (top_logprobs + 1)
+        return cls(n, prompts, max_tokens, top_logprobs, echo, tokens, entries)
+
+
+@dataclass(frozen=True, slots=True)
+class CostFields:
+    """The fields a refusal names: the output limit, and the logprobs count."""
+
+    tokens: str = "max_tokens"
+    logprobs: str = "logprobs"
+
+
+def check_request_cost(
+    cost: RequestCost,
+    max_request_tokens: int,
+    max_logprob_entries: int,
+    max_model_len: int,
+    fields: CostFields = CostFields(),
+) -> None:
+    """A 400 (``request_too_large``) for a request past either bound, naming the output limit
+    (tokens) or the logprobs count (entries). The token bound is never below one whole context:
+    one sequence that fits ``max_model_len`` is the engine's to admit; what this bounds is the
+    work multiplied by ``n`` and by batched prompts."""
+    token_bound = max(max_request_tokens, max_model_len)
+    if cost.tokens > token_bound:
+        raise ApiError(
+            400,
+            f"{fields.tokens}: this request would hold {cost.tokens:,} tokens, n × (prompt + "
+            f"{fields.tokens}) = {cost.n} × ({cost.prompt_tokens:,} + {cost.max_tokens:,} per "
+            f"prompt); at most {token_bound:,} are allowed (max_request_tokens): lower "
+            f"{fields.tokens} or n",
+            param=fields.tokens,
+            code=REQUEST_TOO_LARGE,
+            reason="too_large",
+        )
+    if cost.logprob_entries > max_logprob_entries:
+        echoed = ("echoed prompt + ", f"{cost.prompt_tokens:,} + ") if cost.echo else ("", "")
+        raise ApiError(
+            400,
+            f"{fields.logprobs}: this request would answer {cost.logprob_entries:,} logprob "
+            f"entries, n × ({echoed[0]}{fields.tokens}) × ({fields.logprobs} + 1) = {cost.n} × "
+            f"({echoed[1]}{cost.max_tokens:,} per prompt) × {(cost.top_logprobs or 0) + 1}; at "
+            f"most {max_logprob_entries:,} are allowed (max_logprob_entries): lower "
+            f"{fields.logprobs}, {fields.tokens} or n" + (", or drop echo" if cost.echo else ""),
+            param=fields.logprobs,
+            code=REQUEST_TOO_LARGE,
+            reason="too_large",
+        )

@@ -96,6 +96,18 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
     max_schedules: int = Field(
         DEFAULT_MAX_SCHEDULES, ge=1, description="Live schedules at most (more: 422)."
     )
+    max_request_tokens: int = Field(
+        32_768,
+        ge=1,
+        description="Tokens one request may hold, n × (prompt + max_tokens) summed over its "
+        "prompts, never below max_model_len; past it 400 naming max_tokens.",
+    )
+    max_logprob_entries: int = Field(
+        100_000,
+        ge=1,
+        description="Logprob entries one answer may carry, n × (echoed prompt + max_tokens) × "
+        "(logprobs + 1) summed over its prompts; past it 400 naming logprobs.",
+    )
     maintenance_retention: int = Field(
         1000, ge=10, description="Maintenance runs kept in the database."
     )

@@ -104,6 +104,17 @@ class FleetEngine:
                 self._cut_offs.pop(old, None)
         self._cut_offs[replica] = (deadline, note)
 
+    def cut_off_all(self, reason: str) -> int:
+        """The server's drain deadline: every replica's streams end now with
+        ``EngineStopped(reason)`` (within ``CUT_OFF_POLL_S``), as a restart's do. Answers how
+        many requests the router had in flight."""
+        router = router_of(self.deployment)
+        in_flight = sum(router.in_flight().values()) if router is not None else 0
+        now = time.monotonic()
+        for rid in self.replica_ids():
+            self.cut_off(rid, now, reason)
+        return in_flight + self.front.cut_off(reason)
+
     def cut_off_of(self, replica: str | None) -> tuple[float, str] | None:
         return self._cut_offs.get(replica) if replica is not None else None
 

@@ -8,6 +8,7 @@ import httpx
 
 from control.guardrail.service import JOB_ID as GUARDRAIL
 from control.maintenance import JOB_ID as RECLAIM
+from control.memory_trim import JOB_ID as MEMORY_TRIM
 from control.runtime import RECONCILE_JOB_ID
 from control.schedule_store import JOB_ID as SCHEDULES
 from control.watchdog import JOB_ID as WATCHDOG
@@ -26,6 +27,7 @@ def test_every_job_is_listed_and_on_time(client: httpx.Client) -> None:
         SCHEDULES,
         GUARDRAIL,
         WATCHDOG,
+        MEMORY_TRIM,
     ]
     for job in jobs:
         assert job["interval_s"] > 0

@@ -173,3 +173,43 @@ async def test_duplicate_request_id_is_rejected(engine: AsyncEngine, runner: Stu
     with pytest.raises(RequestRejected, match="already in use"):
         engine.add_request([1, 2], greedy(3), "same")
     runner.gate.set()
+
+
+async def test_cut_off_ends_every_stream_at_once_even_mid_step_and_refuses_new_ones(
+    engine: AsyncEngine, runner: StubRunner
+) -> None:
+    """The drain deadline (issue 23, defect 4): every open stream ends with EngineStopped
+    while the step in flight hangs, the requests are aborted once it ends, and a request
+    after the cut-off is refused the same way."""
+    runner.gate.clear()  # the step in flight hangs
+    streams = [engine.add_request([1, 2, 3], greedy(400), f"r{i}") for i in range(3)]
+    await wait_until(lambda: engine.loop_health().current_step is not None)
+    assert engine.cut_off("drain deadline passed") == 3
+    for stream in streams:
+        with pytest.raises(EngineStopped, match="drain deadline passed"):
+            async for _ in stream:
+                pass
+    with pytest.raises(EngineStopped, match="drain deadline passed"):
+        engine.add_request([1], greedy(2), "late")
+    runner.gate.set()
+    await wait_until(lambda: not engine.engine.has_unfinished_requests())
+
+
+async def test_memory_trim_runs_once_per_load_when_the_loop_was_idle_twice(
+    engine: AsyncEngine,
+) -> None:
+    from control.memory_trim import MemoryTrim
+
+    trims: list[int] = []
+    trim = MemoryTrim(engine, lambda: bool(trims.append(1)))
+    trim.tick()
+    trim.tick()
+    assert trims == []  # nothing ran yet
+    outputs = [output async for output in engine.add_request([1, 2], greedy(3), "r")]
+    assert outputs[-1].finished
+    await wait_until(lambda: not engine.loop_health().busy)
+    trim.tick()
+    assert trims == []  # idle once: the last answer may still be written
+    trim.tick()
+    trim.tick()
+    assert trims == [1]  # once for this load

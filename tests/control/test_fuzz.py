@@ -26,7 +26,9 @@ Left out, on purpose (``bench.fuzz.EXCLUDED_PATHS`` / ``NOT_CHECKED``):
 - The stateful phase: the schema declares no OpenAPI links to chain calls by.
 Tolerated, and counted apart (``bench.fuzz.DOCUMENTED_REFUSALS``): a schema-valid completion
 refused with 400 and ``error.code == "context_length_exceeded"`` (prompt tokens + max_tokens past
-``max_model_len`` or the KV pool depend on the tokenized prompt, which no JSON Schema can say);
+``max_model_len`` or the KV pool depend on the tokenized prompt, which no JSON Schema can say),
+or with ``request_too_large`` (the request's whole cost past ``max_request_tokens`` or
+``max_logprob_entries``, which depends on the tokenized prompt too);
 every other refusal of schema-valid input fails ``positive_data_acceptance``.
 The three tests run in file order and share one server and one recorder (module fixtures).
 """

@@ -209,3 +209,55 @@ def test_text_that_cannot_fit_is_refused_before_tokenizing(client: httpx.Client)
     assert took < 1.5
     assert "max_model_len" in error["message"]
     assert error["code"] == "context_length_exceeded"
+
+
+PROBE = {"n": 16, "logprobs": 20, "echo": True, "max_tokens": 200}
+"""Issue 23's probe: a 15.7 MB answer to a 1,479-token prompt (n × 1,679 × 21 = 564,144
+logprob entries); four such clients took 64 of 65 running sequences."""
+
+
+def cost_refusal(response: httpx.Response, param: str) -> str:
+    error = assert_openai_error(response, 400, param)
+    assert error["code"] == "request_too_large"
+    assert error["message"].startswith(param)
+    return error["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_probe_request_is_refused_by_the_logprob_bound(
+    client: httpx.Client, stream: bool
+) -> None:
+    """Within the token bound (16 × 1,679 = 26,864 ≤ 32,768), past the logprob entries'."""
+    prompt = [(7 * i) % 4000 + 5 for i in range(1479)]
+    body = {"prompt": prompt, **PROBE, "stream": stream}
+    message = cost_refusal(client.post("/v1/completions", json=body), "logprobs")
+    assert "564,144 logprob entries" in message and "100,000" in message
+
+
+def test_a_request_past_the_token_bound_names_max_tokens(client: httpx.Client) -> None:
+    body = {"prompt": [5] * 100, "n": 16, "max_tokens": 2000}  # 16 × 2,100 = 33,600
+    message = cost_refusal(client.post("/v1/completions", json=body), "max_tokens")
+    assert "33,600 tokens" in message and "32,768" in message
+
+
+def test_chat_is_bounded_by_its_own_fields(client: httpx.Client) -> None:
+    messages = [{"role": "user", "content": "Hi"}]
+    body = {"messages": messages, "n": 16, "logprobs": True, "top_logprobs": 20}
+    refused = client.post("/v1/chat/completions", json={**body, "max_tokens": 400})
+    cost_refusal(refused, "top_logprobs")  # 16 × 400 × 21 = 134,400 entries
+    longest = client.post("/v1/chat/completions", json={**body, "max_completion_tokens": 2100})
+    cost_refusal(longest, "max_completion_tokens")  # 16 × (prompt + 2,100) tokens
+
+
+def test_ordinary_requests_are_within_the_bounds(client: httpx.Client) -> None:
+    """n, logprobs and echo together, n=16 with 20 logprobs on short output, and a chat
+    with n and top_logprobs."""
+    echo = {"prompt": [5] * 30, "n": 4, "logprobs": 5, "echo": True, "max_tokens": 8}
+    short = {"prompt": "Hi", "n": 16, "logprobs": 20, "max_tokens": 4}
+    for body in (echo, short):
+        response = client.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        assert len(response.json()["choices"]) == body["n"]
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 2}
+    response = client.post("/v1/chat/completions", json={**chat, "max_tokens": 4, "n": 2})
+    assert response.status_code == 200, response.text

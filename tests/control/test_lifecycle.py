@@ -3,6 +3,7 @@ server (the stall injected through the test-only route)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import sqlite3
 import threading
@@ -29,23 +30,31 @@ def metric(http: httpx.Client, sample: str) -> float:
 
 
 class Stream:
-    """One streamed completion read on a thread of its own."""
+    """One completion read on a thread of its own: streamed (``lines``), or whole (``lines``
+    is its one body); ``error`` is the transport's failure, if any (a truncated body)."""
 
-    def __init__(self, server: ServerProcess, max_tokens: int) -> None:
+    def __init__(self, server: ServerProcess, max_tokens: int, stream: bool = True) -> None:
         self.lines: list[str] = []
         self.status: int | None = None
+        self.error: httpx.TransportError | None = None
         body = {
             "prompt": "Once upon a time",
             "max_tokens": max_tokens,
             "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream": stream,
+            **({"stream_options": {"include_usage": True}} if stream else {}),
         }
 
         def read() -> None:
-            with server.client() as http, http.stream("POST", "/v1/completions", json=body) as r:
-                self.status = r.status_code
-                self.lines.extend(r.iter_lines())
+            try:
+                with (
+                    server.client() as http,
+                    http.stream("POST", "/v1/completions", json=body) as r,
+                ):
+                    self.status = r.status_code
+                    self.lines.extend(r.iter_lines())
+            except httpx.TransportError as exc:
+                self.error = exc
 
         self.thread = threading.Thread(target=read)
         self.thread.start()
@@ -176,3 +185,48 @@ def test_sigterm_drains_in_flight_requests_then_exits_cleanly(
     with sqlite3.connect(server.db) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert "SIGTERM: draining" in server.log()
+
+
+def test_a_drain_that_times_out_ends_every_request_cleanly_with_engine_stopped(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 23, defect 4: at the drain deadline every stream still open gets the
+    ``engine_stopped`` error event and ``[DONE]`` in a complete chunked body, a whole answer
+    a 503 ``engine_stopped``; the log says so in one line, without a traceback, and the
+    server exits 0 at once. The requests are held in flight by a stall past the deadline
+    (so none can finish first), which also shows the cut-off does not wait for the step."""
+    server = ServerProcess(
+        tiny_model_dir,
+        tmp_path,
+        ["--admin-token", TOKEN, "--drain-timeout-s", "1", "--num-kv-blocks", "512"],
+        {"SERVEDECK_TESTING": "1"},
+    )
+    server.start()
+    proc = server.proc
+    assert proc is not None
+    try:
+        with server.client(headers=ADMIN) as http:
+            streams = [Stream(server, max_tokens=1000) for _ in range(4)]
+            whole = Stream(server, max_tokens=1000, stream=False)
+            wait_for(lambda: state(http)["queue"]["running"] == 5)
+            # The stall starts within a step and outlasts the drain's 1 s.
+            assert http.post("/admin/testing/stall", params={"seconds": 4}).status_code == 200
+            proc.send_signal(signal.SIGTERM)
+            for stream in streams:
+                events = stream.events(timeout=15)
+                assert stream.error is None, stream.error  # no incomplete chunked read
+                assert stream.status == 200
+                assert events[-1] == "[DONE]"
+                error = events[-2]["error"]
+                assert (error["code"], error["type"]) == ("engine_stopped", "server_error")
+                assert "drain timeout of 1 s" in error["message"]
+            whole.thread.join(15)
+            assert (whole.error, whole.status) == (None, 503)
+            assert json.loads("".join(whole.lines))["error"]["code"] == "engine_stopped"
+        assert proc.wait(15) == 0
+    finally:
+        server.stop()
+    log = server.log()
+    assert "Traceback" not in log
+    cut = [line for line in log.splitlines() if "cut off" in line]
+    assert len(cut) == 1 and "5 request(s)" in cut[0], cut

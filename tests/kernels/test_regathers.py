@@ -80,3 +80,19 @@ def test_a_wasteful_single_bucket_splits_moving_rows_not_regathering() -> None:
     assert buckets[0].width <= buckets[0].limit + WIDTH_HEADROOM < buckets[1].width
     assert gathers.stats()["full_gathers"] == 1
     assert all(world.kept[1:])
+
+
+def test_released_buffers_are_freed_and_the_next_step_gathers_afresh() -> None:
+    """Issue 23, defect 6: an idle engine frees its gather buffers (they held hundreds of MB
+    after a load, for good); the next decode step lays them out again and attends as the
+    oracle does."""
+    world = World("torch", seed=3)
+    seqs = [Seq(str(i)) for i in range(6)]
+    world.step(prefills=[(s, 7 + 11 * i) for i, s in enumerate(seqs)])
+    world.step(decodes=seqs)
+    gathers = world.backend.gathers
+    assert gathers.buffer_bytes() > 0
+    world.backend.release_buffers()
+    assert gathers.buffer_bytes() == 0
+    world.step(decodes=seqs)  # checked against the oracle
+    assert gathers.stats()["full_gathers"] == 2 and gathers.buffer_bytes() > 0

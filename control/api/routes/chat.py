@@ -19,6 +19,7 @@ from control.api.chat_choices import Render
 from control.api.deps import ApiKeyDep, ContextDep, RuntimeDep
 from control.api.errors import ApiError, rejection_code
 from control.api.generation import Answers, check_request, sampling_params
+from control.api.limits import CostFields, RequestCost, check_request_cost
 from control.chat_schemas import ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse
 from control.chat_template import ChatTemplateError, load_chat_template
 from engine.admission import check_text_size
@@ -52,6 +53,14 @@ async def create_chat_completion(
     )
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     params = engine_params(body, engine.limits.max_model_len - len(token_ids))
+    settings = ctx.settings
+    check_request_cost(
+        RequestCost.of([len(token_ids)], params.n, params.max_tokens, params.logprobs),
+        settings.max_request_tokens,
+        settings.max_logprob_entries,
+        engine.limits.max_model_len,
+        CostFields(tokens=body.output_limit_field, logprobs="top_logprobs"),
+    )
     try:
         stream = runtime.engine.add_request(token_ids, params, request_id)
     except RequestRejected as exc:  # the engine names its own fields

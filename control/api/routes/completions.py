@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from control.api.deps import ApiKeyDep, ContextDep, RuntimeDep
 from control.api.generation import Answers, check_request, sampling_params
-from control.api.limits import prompt_token_ids
+from control.api.limits import RequestCost, check_request_cost, prompt_token_ids
 from control.api.logprobs import TokenTexts, completion_logprobs
 from control.schemas import (
     CompletionChoice,
@@ -38,6 +38,14 @@ async def create_completion(
     check_request(body, runtime, ctx.settings)
     engine = runtime.llm_engine
     token_ids = await prompt_token_ids(body.prompt, engine)
+    settings = ctx.settings
+    cost = RequestCost.of([len(token_ids)], body.n, body.max_tokens, body.logprobs, body.echo)
+    check_request_cost(
+        cost,
+        settings.max_request_tokens,
+        settings.max_logprob_entries,
+        engine.limits.max_model_len,
+    )
     request_id = f"cmpl-{uuid.uuid4().hex}"
     stream = runtime.engine.add_request(token_ids, engine_params(body), request_id)
     render = Render(body, engine.tokenizer, token_ids)
