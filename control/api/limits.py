@@ -61,6 +61,8 @@ class RequestCost:
     echo: bool
     tokens: int
     logprob_entries: int
+    longest: int
+    """The longest sequence asked for: the longest prompt + ``max_tokens``."""
 
     @classmethod
     def of(
@@ -77,7 +79,8 @@ class RequestCost:
         entries = 0
         if top_logprobs is not None:
             entries = n * ((prompts if echo else 0) + outputs) * (top_logprobs + 1)
-        return cls(n, prompts, max_tokens, top_logprobs, echo, tokens, entries)
+        longest = max(prompt_lengths, default=0) + max_tokens
+        return cls(n, prompts, max_tokens, top_logprobs, echo, tokens, entries, longest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,8 @@ def check_request_cost(
     (tokens) or the logprobs count (entries). The token bound is never below one whole context:
     one sequence that fits ``max_model_len`` is the engine's to admit; what this bounds is the
     work multiplied by ``n`` and by batched prompts."""
+    if cost.longest > max_model_len:
+        return  # the engine's admission refuses it, naming the context (context_length_exceeded)
     token_bound = max(max_request_tokens, max_model_len)
     if cost.tokens > token_bound:
         raise ApiError(

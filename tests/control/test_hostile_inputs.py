@@ -235,9 +235,14 @@ def test_the_probe_request_is_refused_by_the_logprob_bound(
 
 
 def test_a_request_past_the_token_bound_names_max_tokens(client: httpx.Client) -> None:
-    body = {"prompt": [5] * 100, "n": 16, "max_tokens": 2000}  # 16 × 2,100 = 33,600
+    """n copies of a sequence that fits the context; one past the context is that refusal."""
+    past_context = {"prompt": [5] * 100, "max_tokens": 10**6}
+    refused = client.post("/v1/completions", json=past_context)
+    error = assert_openai_error(refused, 400, "max_tokens")
+    assert error["code"] == "context_length_exceeded"
+    body = {"prompt": [5] * 100, "n": 16, "max_tokens": 1900}  # 16 × 2,000 = 32,000
     message = cost_refusal(client.post("/v1/completions", json=body), "max_tokens")
-    assert "33,600 tokens" in message and "32,768" in message
+    assert "32,000 tokens" in message and "30,000" in message  # the main server's bound
 
 
 def test_chat_is_bounded_by_its_own_fields(client: httpx.Client) -> None:
@@ -245,8 +250,8 @@ def test_chat_is_bounded_by_its_own_fields(client: httpx.Client) -> None:
     body = {"messages": messages, "n": 16, "logprobs": True, "top_logprobs": 20}
     refused = client.post("/v1/chat/completions", json={**body, "max_tokens": 400})
     cost_refusal(refused, "top_logprobs")  # 16 × 400 × 21 = 134,400 entries
-    longest = client.post("/v1/chat/completions", json={**body, "max_completion_tokens": 2100})
-    cost_refusal(longest, "max_completion_tokens")  # 16 × (prompt + 2,100) tokens
+    longest = client.post("/v1/chat/completions", json={**body, "max_completion_tokens": 1900})
+    cost_refusal(longest, "max_completion_tokens")  # 16 × (prompt + 1,900) > 30,000 tokens
 
 
 def test_ordinary_requests_are_within_the_bounds(client: httpx.Client) -> None:
