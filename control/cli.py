@@ -152,6 +152,9 @@ SERVER_LIMITS = (
     "max_json_depth",
     "max_stop_strings",
     "max_stop_length",
+    "chat_template_timeout_s",
+    "max_chat_template_output",
+    "chat_template_workers",
     "fleet_drain_timeout_s",
     "prefix_probe_timeout_s",
 )

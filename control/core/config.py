@@ -90,6 +90,21 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
     max_json_depth: int = Field(64, ge=2, description="Deeper JSON nesting gets 400.")
     max_stop_strings: int = Field(16, ge=1, description="Stop strings a request may give.")
     max_stop_length: int = Field(256, ge=1, description="Characters of one stop string.")
+    chat_template_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        le=600,
+        description="A chat template's render is stopped after this long (400 "
+        "chat_template_error); a conversation waits as long at most for a free render worker.",
+    )
+    max_chat_template_output: int = Field(
+        8 * 1024 * 1024,
+        ge=1024,
+        description="Characters a chat template may render; past them it is stopped (400).",
+    )
+    chat_template_workers: int = Field(
+        2, ge=1, le=64, description="Worker processes that render chat templates."
+    )
     maintenance_retention: int = Field(
         1000, ge=10, description="Maintenance runs kept in the database."
     )
