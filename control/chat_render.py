@@ -32,9 +32,12 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from control.chat_template import ChatTemplateError, RenderFailure, load_chat_template
+
+if TYPE_CHECKING:  # not in the worker, which needs only jinja
+    from control.metrics import ControlMetrics
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +94,19 @@ class _Queued:
 
 
 class ChatRenderer:
-    """``workers`` processes; ``submit`` / ``render`` a conversation, ``close`` at shutdown."""
+    """``workers`` processes; ``submit`` / ``render`` a conversation, ``close`` at shutdown.
+    With ``metrics``, the renders in flight and the failures by cause are counted there."""
 
-    def __init__(self, workers: int, timeout_s: float, max_output: int) -> None:
+    def __init__(
+        self,
+        workers: int,
+        timeout_s: float,
+        max_output: int,
+        metrics: ControlMetrics | None = None,
+    ) -> None:
         self.timeout_s = timeout_s
         self.max_output = max_output
+        self.metrics = metrics
         self._jobs: queue.SimpleQueue[_Queued | None] = queue.SimpleQueue()
         self._closed = threading.Event()
         self._workers = [_Worker(i, self) for i in range(workers)]
@@ -103,7 +114,8 @@ class ChatRenderer:
             worker.thread.start()
 
     def wait_ready(self, timeout: float = WORKER_START_TIMEOUT_S) -> bool:
-        """Until every worker has started (True) or ``timeout`` passed (False)."""
+        """Until every worker is started and ready (True; a stopped one's replacement too)
+        or ``timeout`` passed (False)."""
         deadline = time.monotonic() + timeout
         return all(w.ready.wait(max(0.0, deadline - time.monotonic())) for w in self._workers)
 
@@ -114,7 +126,7 @@ class ChatRenderer:
         still pending may be cancelled (no worker will take it)."""
         future: Future[str] = Future()
         if self._closed.is_set():
-            future.set_exception(ChatTemplateError("the server is shutting down", "worker_died"))
+            future.set_exception(_shutting_down())
             return future
         self._jobs.put(_Queued(RenderJob(str(model_dir), messages, add_generation_prompt), future))
         return future
@@ -146,9 +158,11 @@ class ChatRenderer:
             except queue.Empty:
                 break
             if queued is not None and queued.future.set_running_or_notify_cancel():
-                queued.future.set_exception(
-                    ChatTemplateError("the server is shutting down", "worker_died")
-                )
+                queued.future.set_exception(_shutting_down())
+
+
+def _shutting_down() -> ChatTemplateError:
+    return ChatTemplateError("the server is shutting down", "worker_died")
 
 
 class _Worker:
@@ -175,13 +189,16 @@ class _Worker:
                 break
             if not queued.future.set_running_or_notify_cancel():
                 continue
-            if not self._alive() and not self._start():
+            if not self._alive() and not self._start() and not pool._closed.is_set():
                 queued.future.set_exception(  # it died while idle; its replacement did not start
                     ChatTemplateError("no chat template worker could be started", "worker_died")
                 )
                 continue
+            if pool._closed.is_set():
+                queued.future.set_exception(_shutting_down())
+                continue
             try:
-                queued.future.set_result(self._render(queued.job))
+                queued.future.set_result(self._counted(queued.job))
             except ChatTemplateError as exc:
                 queued.future.set_exception(exc)
         self.stop()
@@ -224,6 +241,17 @@ class _Worker:
             log.error("a chat template worker did not start (exit code %s)", process.exitcode)
         return False
 
+    def _counted(self, job: RenderJob) -> str:
+        metrics = self.pool.metrics
+        if metrics is None:
+            return self._render(job)
+        try:
+            with metrics.chat_template_renders.track_inprogress():
+                return self._render(job)
+        except ChatTemplateError as exc:
+            metrics.chat_template_failures.labels(exc.cause).inc()
+            raise
+
     def _render(self, job: RenderJob) -> str:
         conn, process, timeout_s = self._conn, self._process, self.pool.timeout_s
         assert conn is not None and process is not None
@@ -240,7 +268,7 @@ class _Worker:
         except (EOFError, OSError):
             self.stop()
             if self.pool._closed.is_set():
-                raise ChatTemplateError("the server is shutting down", "worker_died") from None
+                raise _shutting_down() from None
             raise ChatTemplateError(
                 f"the chat_template's worker process died while rendering (exit code "
                 f"{process.exitcode})",
@@ -256,6 +284,7 @@ class _Worker:
         with self._lock:
             process, conn = self._process, self._conn
             self._process = self._conn = None
+            self.ready.clear()
         if process is not None:
             if process.is_alive():
                 process.kill()

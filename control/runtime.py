@@ -264,6 +264,7 @@ def load_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Run
         settings.chat_template_workers,
         settings.chat_template_timeout_s,
         settings.max_chat_template_output,
+        metrics,
     )
     try:
         runtime = _load_runtime(settings, db, metrics, renderer)
