@@ -63,7 +63,40 @@ def completion(http: httpx.Client) -> float:
 
 
 def ms(values: list[float]) -> str:
-    return f"median {statistics.median(values) * 1000:.1f} ms, max {max(values) * 1000:.1f} ms"
+    return f"median {statistics.median(values) * 1000:.2f} ms, max {max(values) * 1000:.1f} ms"
+
+
+def render_overhead(model: Path, count: int) -> None:
+    """A normal conversation rendered in this thread (as before) and through the pool."""
+    import asyncio
+
+    from control.chat_render import ChatRenderer
+    from control.chat_template import load_chat_template
+
+    template = load_chat_template(model)
+    assert template is not None
+    inline = []
+    for _ in range(count):
+        start = time.perf_counter()
+        template.render(BENIGN)
+        inline.append(time.perf_counter() - start)
+    renderer = ChatRenderer(1, 2.0, 8 << 20)
+    try:
+        assert renderer.wait_ready()
+
+        async def pooled() -> list[float]:
+            times = []
+            for _ in range(count):
+                start = time.perf_counter()
+                await renderer.render(model, BENIGN, True)
+                times.append(time.perf_counter() - start)
+            return times
+
+        workers = asyncio.run(pooled())
+    finally:
+        renderer.close()
+    print(f"render in this thread, {count} renders: {ms(inline)}")
+    print(f"render in a worker process, {count} renders: {ms(workers)}")
 
 
 def main() -> None:
@@ -75,6 +108,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="hostile-template-"))
     try:
         model = hostile_checkpoint(work)
+        render_overhead(model, 200)
         proc, url = start_server(model, work, TOKEN, ["--num-threads", "1", *args.server_arg])
         with httpx.Client(base_url=url, timeout=30.0) as http:
             for _ in range(3):  # warm up
