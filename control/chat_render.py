@@ -138,7 +138,11 @@ class ChatRenderer:
         conversation within ``timeout_s``, then at most ``timeout_s`` more for the render."""
         future = self.submit(model_dir, messages, add_generation_prompt)
         waiting = asyncio.wrap_future(future)
-        done, _ = await asyncio.wait({waiting}, timeout=self.timeout_s)
+        try:
+            done, _ = await asyncio.wait({waiting}, timeout=self.timeout_s)
+        except asyncio.CancelledError:  # the request is gone: no worker need take it
+            waiting.cancel()
+            raise
         if not done and future.cancel():
             raise RendererBusy(f"every chat template worker stayed busy for {self.timeout_s:g} s")
         return await waiting
