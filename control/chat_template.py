@@ -21,15 +21,16 @@ Lives in control/ so that jinja2 stays out of the engine's dependencies.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import jinja2
 from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment, safe_range
 from jinja2.utils import Namespace
 
 from engine.gguf_tokenizer import gguf_tokenizer
@@ -50,9 +51,57 @@ SPECIAL_TOKENS = (
 """The named special tokens a template sees as variables (transformers' ``special_tokens_map``)."""
 
 
+RenderFailure = Literal[
+    "refused",
+    "does_not_compile",
+    "loader",
+    "range",
+    "recursion",
+    "memory",
+    "output_too_large",
+    "failed",
+    "timeout",
+    "worker_died",
+    "missing",
+]
+"""Why a conversation has no prompt: the template refused it (``raise_exception``, the
+sandbox) or does not compile; ``{% include %}``/``{% import %}``/``{% extends %}`` (no other
+template can be loaded); a ``range`` past the sandbox's bound; too deep a recursion; out of
+memory; more output than allowed; any other exception; too long a render or a worker that
+died (``control.chat_render``); no template at all."""
+
+
 class ChatTemplateError(ValueError):
-    """The template refused the conversation (``raise_exception``) or failed while rendering;
-    the message is the template's own."""
+    """The template refused the conversation or failed while rendering (``cause``); for
+    ``refused`` the message is the template's own, otherwise it names the cause."""
+
+    def __init__(self, message: str, cause: RenderFailure = "refused") -> None:
+        super().__init__(message)
+        self.cause: RenderFailure = cause
+
+
+class _NoLoader(jinja2.BaseLoader):
+    """``{% include %}``, ``{% import %}`` and ``{% extends %}`` find nothing: a checkpoint's
+    template is one text, and may read no file."""
+
+    def get_source(self, environment: jinja2.Environment, template: str) -> Any:
+        raise ChatTemplateError(
+            f"the chat_template includes, imports or extends {template!r}: a chat template "
+            "cannot load other templates",
+            "loader",
+        )
+
+
+def _range(*args: int) -> range:
+    """The sandbox's ``range``, failing as a template error past its bound."""
+    try:
+        return safe_range(*args)
+    except OverflowError:
+        raise ChatTemplateError(
+            f"the chat_template asked for a range of more than {MAX_RANGE} items (the "
+            "sandbox's bound)",
+            "range",
+        ) from None
 
 
 class _Namespace(Namespace):
@@ -107,10 +156,11 @@ def _strftime_now(fmt: str) -> str:
 @lru_cache(maxsize=8)
 def _compile(source: str) -> jinja2.Template:
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols], loader=_NoLoader()
     )
     env.filters["tojson"] = _tojson
     env.globals.update(
+        range=_range,
         raise_exception=_raise_exception,
         strftime_now=_strftime_now,
         dict=_Dict(),
@@ -126,20 +176,57 @@ class ChatTemplate:
     path: Path | None = None
     """The file it was read from."""
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        max_output: int | None = None,
+    ) -> str:
         """The prompt text of a conversation (messages as plain dicts: ``role``, ``content``);
-        raises ``ChatTemplateError`` when the template refuses it."""
+        rendering stops once it has more than ``max_output`` characters. Raises
+        ``ChatTemplateError`` when the template refuses the conversation or fails in any way.
+
+        This runs the template in the calling thread, which nothing can stop: the server
+        renders in ``control.chat_render``'s worker processes instead."""
         try:
-            template = _compile(self.source)
-            return template.render(
+            pieces = _compile(self.source).generate(
                 **self.special_tokens,
                 messages=messages,
                 tools=None,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
             )
-        except jinja2.exceptions.TemplateError as exc:
-            raise ChatTemplateError(str(exc) or type(exc).__name__) from exc
+            return "".join(pieces if max_output is None else _bounded(pieces, max_output))
+        except ChatTemplateError:
+            raise
+        except Exception as exc:
+            raise _failure(exc) from exc
+
+
+def _bounded(pieces: Iterator[str], max_output: int) -> Iterator[str]:
+    size = 0
+    for piece in pieces:
+        size += len(piece)
+        if size > max_output:
+            raise ChatTemplateError(
+                f"the chat_template rendered more than max_chat_template_output "
+                f"({max_output} characters) and was stopped",
+                "output_too_large",
+            )
+        yield piece
+
+
+def _failure(exc: Exception) -> ChatTemplateError:
+    """An exception out of rendering, named: the template's own refusals keep their text."""
+    if isinstance(exc, jinja2.exceptions.TemplateSyntaxError):
+        return ChatTemplateError(f"the chat template does not compile: {exc}", "does_not_compile")
+    if isinstance(exc, jinja2.exceptions.TemplateError):
+        return ChatTemplateError(str(exc) or type(exc).__name__)
+    if isinstance(exc, RecursionError):
+        return ChatTemplateError("the chat_template recursed too deep", "recursion")
+    if isinstance(exc, MemoryError):
+        return ChatTemplateError("the chat_template ran out of memory", "memory")
+    return ChatTemplateError(f"the chat_template failed: {type(exc).__name__}: {exc}", "failed")
 
 
 def _token_text(value: Any) -> str | None:
@@ -200,6 +287,9 @@ def load_chat_template(model_dir: Path) -> ChatTemplate | None:
         tokens = {name: text for name in SPECIAL_TOKENS if (text := _token_text(config.get(name)))}
     try:
         _compile(source)
-    except jinja2.exceptions.TemplateError as exc:
-        raise ChatTemplateError(f"{path.name}: the chat template does not compile: {exc}") from exc
+    except Exception as exc:  # a syntax error, or a parser that recursed too deep
+        raise ChatTemplateError(
+            f"{path.name}: the chat template does not compile: {type(exc).__name__}: {exc}",
+            "does_not_compile",
+        ) from exc
     return ChatTemplate(source, tokens, path)

@@ -156,6 +156,9 @@ SERVER_LIMITS = (
     "max_schedules",
     "max_request_tokens",
     "max_logprob_entries",
+    "chat_template_timeout_s",
+    "max_chat_template_output",
+    "chat_template_workers",
     "fleet_drain_timeout_s",
     "prefix_probe_timeout_s",
 )

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from control.chat_template import RenderFailure
 from engine.outputs import RequestOutput
 from engine.snapshot import EngineSnapshot
 
@@ -167,6 +169,19 @@ class ControlMetrics:
             "Requests to /v1 that failed on the server's side (500, or an error mid-stream).",
             registry=r,
         )
+        self.chat_template_renders = Gauge(
+            "servedeck_chat_template_renders_in_flight",
+            "Conversations a chat template worker is rendering now.",
+            registry=r,
+        )
+        self.chat_template_failures = Counter(
+            "servedeck_chat_template_failures",
+            "Chat template renders that failed, by cause (timeout, output_too_large, ...).",
+            ["cause"],
+            registry=r,
+        )
+        for cause in get_args(RenderFailure):
+            self.chat_template_failures.labels(cause)
         self.guardrail_decisions = Counter(
             "servedeck_guardrail_decisions",
             "Guardrail proposals by outcome (applied, shadow, rate_limited, ...).",

@@ -22,6 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
 from control.arrivals import ArrivalLog
+from control.chat_render import ChatRenderer
 from control.core.config import Settings
 from control.demo_load import DemoLoad
 from control.guardrail.service import JOB_ID as GUARDRAIL_JOB_ID
@@ -97,6 +98,7 @@ class Runtime:
         self.predictor: Predictor | None = None  # set by load_runtime
         self.schedules: Schedules  # set by load_runtime
         self.guardrail: Guardrail  # set by load_runtime
+        self.renderer: ChatRenderer  # set by load_runtime: the chat template's workers
         self._apply_lock = threading.Lock()
         self._pending: _Pending | None = None
         self.fleet: Fleet | None = None
@@ -172,6 +174,7 @@ class Runtime:
             self.fleet.close()
         if self.predictor is not None:
             self.predictor.close()
+        self.renderer.close()
 
 
 @dataclass
@@ -275,6 +278,25 @@ def overrides_of(settings: Settings) -> dict[str, Any]:
 
 
 def load_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Runtime:
+    renderer = ChatRenderer(  # its workers start while the model loads
+        settings.chat_template_workers,
+        settings.chat_template_timeout_s,
+        settings.max_chat_template_output,
+        metrics,
+    )
+    try:
+        runtime = _load_runtime(settings, db, metrics, renderer)
+    except BaseException:
+        renderer.close()
+        raise
+    if not renderer.wait_ready():
+        log.error("the chat template workers did not start: chat requests wait for them")
+    return runtime
+
+
+def _load_runtime(
+    settings: Settings, db: Engine, metrics: ControlMetrics, renderer: ChatRenderer
+) -> Runtime:
     overrides = overrides_of(settings)
     with Session(db) as session:
         row = seed(session)
@@ -330,7 +352,7 @@ def load_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Run
         settings.policy_apply_timeout_s,
         watchdog,
     )
-    runtime.predictor, runtime.arrivals = predictor, arrivals
+    runtime.predictor, runtime.arrivals, runtime.renderer = predictor, arrivals, renderer
     if fleet is not None:
         fleet.attach(runtime, maintenance)
     runtime.store = PolicyStore(llm_engine.limits, runtime.apply, metrics, overrides)

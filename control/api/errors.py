@@ -40,7 +40,7 @@ _PUBLIC_ERRORS = {
     401: "The API key is missing or wrong (only when the server has one).",
     404: "Unknown model.",
     413: "The body is larger than the server's `max_body_bytes`.",
-    429: "The waiting queue is full; see Retry-After.",
+    429: "The waiting queue is full, or no chat template worker was free; see Retry-After.",
     500: "The engine failed while running this request.",
     503: "The model is loading, or the server is shutting down; see Retry-After.",
 }

@@ -108,6 +108,21 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
         description="Logprob entries one answer may carry, n × (echoed prompt + max_tokens) × "
         "(logprobs + 1) summed over its prompts; past it 400 naming logprobs.",
     )
+    chat_template_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        le=600,
+        description="A chat template's render is stopped after this long (400 "
+        "chat_template_error); a conversation waits as long at most for a free render worker.",
+    )
+    max_chat_template_output: int = Field(
+        8 * 1024 * 1024,
+        ge=1024,
+        description="Characters a chat template may render; past them it is stopped (400).",
+    )
+    chat_template_workers: int = Field(
+        2, ge=1, le=64, description="Worker processes that render chat templates."
+    )
     maintenance_retention: int = Field(
         1000, ge=10, description="Maintenance runs kept in the database."
     )

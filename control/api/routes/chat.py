@@ -1,5 +1,6 @@
 """``POST /v1/chat/completions``: the messages rendered with the checkpoint's chat template
-(control/chat_template.py), then generated like a completion.
+(control/chat_template.py) in a render worker process (control/chat_render.py, bounded in time
+and size), then tokenized on a worker thread and generated like a completion.
 
 The rendered text is tokenized without the tokenizer's own special tokens (its BOS): the
 template writes those itself, as ``apply_chat_template(tokenize=True)`` and vLLM do. The
@@ -17,11 +18,12 @@ from starlette.concurrency import run_in_threadpool
 
 from control.api.chat_choices import Render
 from control.api.deps import ApiKeyDep, ContextDep, RuntimeDep
-from control.api.errors import ApiError, rejection_code
+from control.api.errors import RETRY_AFTER_S, ApiError, rejection_code
 from control.api.generation import Answers, check_request, sampling_params
 from control.api.limits import CostFields, RequestCost, check_request_cost
+from control.chat_render import ChatRenderer, RendererBusy
 from control.chat_schemas import ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse
-from control.chat_template import ChatTemplateError, load_chat_template
+from control.chat_template import ChatTemplateError
 from engine.admission import check_text_size
 from engine.engine import LLMEngine
 from engine.errors import RequestRejected
@@ -48,9 +50,8 @@ async def create_chat_completion(
         )
     conversation = body.conversation()
     engine = runtime.llm_engine
-    token_ids = await run_in_threadpool(
-        _prompt_token_ids, engine, conversation, body.add_generation_prompt
-    )
+    text = await _render(runtime.renderer, engine, conversation, body.add_generation_prompt)
+    token_ids = await run_in_threadpool(_prompt_token_ids, engine, text)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     params = engine_params(body, engine.limits.max_model_len - len(token_ids))
     settings = ctx.settings
@@ -74,29 +75,44 @@ async def create_chat_completion(
     )
 
 
-def _prompt_token_ids(
-    engine: LLMEngine, conversation: list[dict], add_generation_prompt: bool
-) -> list[int]:
-    """The conversation rendered and tokenized (on a worker thread: both take CPU time)."""
+async def _render(
+    renderer: ChatRenderer, engine: LLMEngine, conversation: list[dict], add_generation_prompt: bool
+) -> str:
+    """The conversation's prompt text; every way the template can fail is a 400."""
     model_dir = Path(engine.config.tokenizer or engine.config.model)  # --tokenizer: its template
     try:
-        template = load_chat_template(model_dir)
-    except ChatTemplateError as exc:  # the checkpoint's template does not compile
-        raise _template_error(f"this model's chat_template cannot be used: {exc}") from exc
-    if template is None:
+        return await renderer.render(model_dir, conversation, add_generation_prompt)
+    except RendererBusy as exc:
         raise ApiError(
-            400,
-            f"this model has no chat_template (none in {model_dir.name}'s "
-            "tokenizer_config.json, chat_template.jinja or chat_template.json): "
-            "use /v1/completions",
+            429,
+            f"{exc}: try again",
             param="messages",
-            code="chat_template_missing",
-            reason="invalid",
-        )
-    try:
-        text = template.render(conversation, add_generation_prompt)
+            code="chat_template_busy",
+            reason="queue_full",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        ) from exc
     except ChatTemplateError as exc:
-        raise _template_error(f"the chat_template refused the messages: {exc}") from exc
+        if exc.cause == "missing":
+            raise ApiError(
+                400,
+                f"this model has no chat_template (none in {model_dir.name}'s "
+                "tokenizer_config.json, chat_template.jinja or chat_template.json): "
+                "use /v1/completions",
+                param="messages",
+                code="chat_template_missing",
+                reason="invalid",
+            ) from exc
+        if exc.cause == "does_not_compile":
+            message = f"this model's chat_template cannot be used: {exc}"
+        elif exc.cause == "refused":
+            message = f"the chat_template refused the messages: {exc}"
+        else:
+            message = str(exc)
+        raise _template_error(message) from exc
+
+
+def _prompt_token_ids(engine: LLMEngine, text: str) -> list[int]:
+    """The rendered text tokenized (on a worker thread: it takes CPU time)."""
     if engine.tokenizer is None:
         raise RequestRejected("this model has no tokenizer: chat needs one", "messages")
     try:
