@@ -20,6 +20,7 @@ memory is capped (``worker_memory_bytes``), and it exits when the server is gone
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -103,10 +104,15 @@ class ChatRenderer:
         timeout_s: float,
         max_output: int,
         metrics: ControlMetrics | None = None,
+        preload: Path | None = None,
     ) -> None:
+        """``preload``: the checkpoint (or ``--tokenizer`` folder) whose template each worker
+        reads and compiles as it starts, before it says it is ready, so that no render's time
+        limit pays for reading it (a GGUF file's metadata takes seconds to parse)."""
         self.timeout_s = timeout_s
         self.max_output = max_output
         self.metrics = metrics
+        self.preload = preload
         self._jobs: queue.SimpleQueue[_Queued | None] = queue.SimpleQueue()
         self._closed = threading.Event()
         self._workers = [_Worker(i, self) for i in range(workers)]
@@ -218,7 +224,7 @@ class _Worker:
         memory = worker_memory_bytes(self.pool.max_output)
         process = context.Process(
             target=serve_worker,
-            args=(theirs, self.pool.max_output, memory, os.getpid()),
+            args=(theirs, self.pool.max_output, memory, os.getpid(), self.pool.preload),
             name="servedeck-chat-render",
             daemon=True,
         )
@@ -300,11 +306,21 @@ class _Worker:
 # The worker's side: what runs in the spawned process.
 
 
-def serve_worker(conn: Connection, max_output: int, memory_bytes: int, parent_pid: int) -> None:
-    """Render each job from ``conn`` until the server closes its end."""
+def serve_worker(
+    conn: Connection,
+    max_output: int,
+    memory_bytes: int,
+    parent_pid: int,
+    preload: Path | None = None,
+) -> None:
+    """Render each job from ``conn`` until the server closes its end; ``preload``'s template
+    is read and compiled first (a failure there is reported by the first render of it)."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     os.nice(WORKER_NICENESS)
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+    if preload is not None:
+        with contextlib.suppress(Exception):
+            load_chat_template(Path(preload))  # the key a render asks for
     conn.send(_Ready())
     while True:
         try:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -283,6 +284,7 @@ def load_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Run
         settings.chat_template_timeout_s,
         settings.max_chat_template_output,
         metrics,
+        preload=Path(settings.tokenizer) if settings.tokenizer else settings.model_dir(),
     )
     try:
         runtime = _load_runtime(settings, db, metrics, renderer)
