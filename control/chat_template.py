@@ -33,8 +33,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment, safe_range
 from jinja2.utils import Namespace
 
-from engine.gguf_tokenizer import gguf_tokenizer
-from engine.model.gguf_file import is_gguf
+from engine.model.formats import is_gguf
 
 TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATE_JSON = "chat_template.json"
@@ -259,6 +258,8 @@ def _named(templates: Any) -> str | None:
 def find_template(model_dir: Path) -> tuple[str, Path] | None:
     """The template's text and the file holding it, or None when the checkpoint has none."""
     if is_gguf(model_dir):
+        from engine.gguf_tokenizer import gguf_tokenizer  # torch and gguf: only for a GGUF file
+
         source = gguf_tokenizer(model_dir).chat_template
         return None if source is None else (source, model_dir)
     if (path := model_dir / TEMPLATE_FILE).is_file():
@@ -281,6 +282,8 @@ def load_chat_template(model_dir: Path) -> ChatTemplate | None:
         return None
     source, path = found
     if is_gguf(model_dir):
+        from engine.gguf_tokenizer import gguf_tokenizer  # torch and gguf: only for a GGUF file
+
         tokens = dict(gguf_tokenizer(model_dir).special_tokens)
     else:
         config = _read_json(model_dir / TOKENIZER_CONFIG)

@@ -31,7 +31,7 @@ from engine.gguf_tokenizer import gguf_tokenizer
 from engine.host_memory import retain_freed_memory
 from engine.kv_cache import allocate_kv_cache, kv_bytes_per_block
 from engine.model.config import ModelConfig
-from engine.model.gguf_file import is_gguf
+from engine.model.formats import is_gguf
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import build_model, load_model
 from engine.parallel.shard import SINGLE, Shard, check_divisible

@@ -68,10 +68,6 @@ GLOBAL_NAMES = {
 }
 
 
-def is_gguf(path: str | Path) -> bool:
-    return str(path).endswith(".gguf")
-
-
 def split_files(path: str | Path) -> list[Path]:
     """Every part of the checkpoint ``path`` names (itself alone when it is not split), each
     checked to exist."""

@@ -24,7 +24,8 @@ import torch
 
 from engine.errors import CheckpointError
 from engine.model.config import ModelConfig
-from engine.model.gguf_file import is_gguf, open_checkpoint, split_files
+from engine.model.formats import is_gguf
+from engine.model.gguf_file import open_checkpoint, split_files
 from engine.model.llama import LlamaForCausalLM
 from engine.model.safetensors_file import SafetensorsFile
 from engine.parallel.shard import SINGLE, Shard

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,3 +70,11 @@ def test_closing_fails_what_the_pool_still_holds(one_worker: ChatRenderer, model
         assert failed.value.cause == "worker_died"
     with pytest.raises(ChatTemplateError, match="shutting down"):
         one_worker.submit(model, conversation("hi"), True).result(timeout=1)
+
+
+def test_a_render_worker_starts_without_torch() -> None:
+    """A worker imports jinja and the template module alone: each server starts two, and a
+    worker that imported torch (3.7 s) made the whole suite minutes slower."""
+    code = "import sys, control.chat_render; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -2,7 +2,7 @@
 how long a normal chat request takes, what a hostile one answers and when, how slow a
 neighbour's requests get meanwhile, and how long SIGTERM takes with a hostile render in flight.
 
-    python -m bench.hostile_template [--server-arg=--chat-template-timeout-s=1 ...]
+    python -m control.template_probe [--server-arg=--chat-template-timeout-s=1 ...]
 
 Every loop is bounded in count and time; the server binds 127.0.0.1.
 """
