@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 
 from engine.config import EngineLimits
 from engine.errors import RequestRejected
-from engine.kv_cache import BlockManager
+from engine.kv_budget import reserved_blocks
 from engine.sampling_params import SamplingParams
 
 
@@ -17,10 +17,11 @@ def check_request(
     token_ids: list[int],
     params: SamplingParams,
     limits: EngineLimits,
-    blocks: BlockManager,
+    memory_reserve: float,
     vocab_size: int | None,
 ) -> None:
-    """Raise ``RequestRejected`` (naming the field) for a request that can never be served."""
+    """Raise ``RequestRejected`` (naming the field) for a request that can never be served:
+    the pool is judged by its size above ``memory_reserve``, never by what it holds now."""
     if not token_ids:
         raise RequestRejected("prompt is empty", "prompt")
     max_len = limits.max_model_len
@@ -32,8 +33,8 @@ def check_request(
         )
     if vocab_size is not None and not all(0 <= t < vocab_size for t in token_ids):
         raise RequestRejected(f"prompt token ids must be in [0, {vocab_size})", "prompt")
-    admissible = blocks.num_blocks - blocks.reserved
-    if blocks.blocks_for(len(token_ids) + 1) > admissible:
+    admissible = limits.num_kv_blocks - reserved_blocks(limits.num_kv_blocks, memory_reserve)
+    if limits.blocks_for(len(token_ids) + 1) > admissible:
         raise RequestRejected(
             f"prompt has {len(token_ids)} tokens but the KV pool admits at most "
             f"{admissible * limits.block_size} ({admissible} blocks of "

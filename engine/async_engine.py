@@ -29,8 +29,9 @@ from typing import Any
 
 from engine import faults
 from engine.batch import StepInfo
-from engine.engine import LLMEngine, Prompt
+from engine.engine import LLMEngine
 from engine.errors import RequestRejected
+from engine.front import Prompt
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 

@@ -15,7 +15,6 @@ runner the hook that broadcasts each step.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,15 +22,14 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from engine.checkpoint import BOS, EOS, PRESETS, build_tokenizer, hf_config
+from engine.checkpoint import PRESETS, hf_config
 from engine.checkpoint import random_weights as preset_weights
-from engine.config import CPU_KV_CACHE_BYTES, EngineConfig, EngineLimits
-from engine.errors import CheckpointError
-from engine.gguf_tokenizer import gguf_tokenizer
+from engine.config import EngineConfig, EngineLimits
+from engine.front import checkpoint_tokenizer, eos_token_ids, preset_parts
 from engine.host_memory import retain_freed_memory
+from engine.kv_budget import kv_limits
 from engine.kv_cache import allocate_kv_cache, kv_bytes_per_block
 from engine.model.config import ModelConfig
-from engine.model.formats import is_gguf
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import build_model, load_model
 from engine.parallel.shard import SINGLE, Shard, check_divisible
@@ -61,25 +59,6 @@ class ModelBundle:
         """Stop the other tensor-parallel ranks, if any (idempotent)."""
         if self.parallel is not None:
             self.parallel.close()
-
-
-def load_tokenizer(path: Path) -> Tokenizer | None:
-    """``tokenizer.json`` of a folder, or the tokenizer a GGUF file describes."""
-    if is_gguf(path):
-        return gguf_tokenizer(path).tokenizer
-    file = path / "tokenizer.json"
-    return Tokenizer.from_file(str(file)) if file.is_file() else None
-
-
-def eos_token_ids(path: Path, model_config: ModelConfig) -> tuple[int, ...]:
-    """``generation_config.json`` wins over ``config.json``, as in transformers (a GGUF file:
-    its EOS and EOT ids, in the model config)."""
-    file = path / "generation_config.json"
-    if file.is_file():
-        eos = json.loads(file.read_text()).get("eos_token_id")
-        if eos is not None:
-            return tuple(eos) if isinstance(eos, list) else (eos,)
-    return model_config.eos_token_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,11 +123,7 @@ def _load(
         return _random_bundle(random_weights, dtype, device, shard)
     path = Path(config.model)
     model = load_model(path, dtype, device, shard)
-    tokenizer_path = Path(config.tokenizer) if config.tokenizer else path
-    tokenizer_file = tokenizer_path / "tokenizer.json"
-    if config.tokenizer and not is_gguf(tokenizer_path) and not tokenizer_file.is_file():
-        raise CheckpointError(f"no tokenizer.json in {tokenizer_path}", tokenizer_path)
-    return ModelBundle(model, load_tokenizer(tokenizer_path), eos_token_ids(path, model.config))
+    return ModelBundle(model, checkpoint_tokenizer(config), eos_token_ids(path, model.config))
 
 
 def _model_config(config: EngineConfig, random_weights: RandomWeights | None) -> ModelConfig:
@@ -161,9 +136,7 @@ def _random_bundle(
     spec: RandomWeights, dtype: torch.dtype, device: torch.device, shard: Shard = SINGLE
 ) -> ModelBundle:
     preset = PRESETS[spec.preset]
-    tokenizer = build_tokenizer(preset.tokenizer_vocab)
-    bos, eos = tokenizer.token_to_id(BOS), tokenizer.token_to_id(EOS)
-    model_config = ModelConfig.from_dict(hf_config(preset, bos, eos))
+    model_config, tokenizer, _ = preset_parts(spec.preset)
     # Drawn in the preset's dtype, as init-model stores them, then cast like a loaded file.
     tensors = preset_weights(preset, spec.seed, getattr(torch, preset.dtype), device)
     model = build_model(model_config, tensors, dtype, device, shard)
@@ -176,16 +149,8 @@ def build_runner(bundle: ModelBundle, config: EngineConfig) -> tuple[ModelRunner
     dtype = getattr(torch, config.dtype)
     mc = bundle.config
     kv_heads = bundle.model.shard.part(mc.num_key_value_heads)
-    per_block = kv_bytes_per_block(
-        mc.num_hidden_layers, config.block_size, kv_heads, mc.head_dim, dtype
-    )
-    num_blocks = config.num_kv_blocks or _default_num_blocks(config, device, per_block)
-    max_model_len = config.max_model_len or mc.max_position_embeddings
-    if max_model_len > mc.max_position_embeddings:
-        raise ValueError(
-            f"max_model_len={max_model_len} exceeds the model's "
-            f"max_position_embeddings={mc.max_position_embeddings}"
-        )
+    limits = kv_limits(config, mc, bundle.model.shard)
+    num_blocks = limits.num_kv_blocks
     kv_caches = allocate_kv_cache(
         mc.num_hidden_layers,
         num_blocks,
@@ -209,24 +174,8 @@ def build_runner(bundle: ModelBundle, config: EngineConfig) -> tuple[ModelRunner
         "KV pool: %d blocks of %d tokens (%.1f MiB)",
         num_blocks,
         config.block_size,
-        num_blocks * per_block / 2**20,
-    )
-    limits = EngineLimits(
-        block_size=config.block_size,
-        num_kv_blocks=num_blocks,
-        max_model_len=min(max_model_len, num_blocks * config.block_size),
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
+        num_blocks
+        * kv_bytes_per_block(mc.num_hidden_layers, config.block_size, kv_heads, mc.head_dim, dtype)
+        / 2**20,
     )
     return runner, limits
-
-
-def _default_num_blocks(config: EngineConfig, device: torch.device, per_block: int) -> int:
-    """CPU: a bounded budget. CUDA: what is left of the memory share after the weights,
-    minus room for the activations of the largest step."""
-    if device.type != "cuda":
-        return max(1, CPU_KV_CACHE_BYTES // per_block)
-    free, total = torch.cuda.mem_get_info(device)
-    usable = free - (1 - config.gpu_memory_utilization) * total
-    activations = config.max_num_batched_tokens * 64 * 1024
-    return max(1, int((usable - activations) // per_block))

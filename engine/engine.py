@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tokenizers import Tokenizer
 
-from engine.admission import check_request, check_text_size, max_prompt_bytes
 from engine.batch import ScheduledBatch, StepInfo, StepResult
 from engine.commands import CommandQueue
 from engine.config import EngineConfig, EngineLimits, config_options
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import QueueFull, RequestRejected
 from engine.families import Family, child_seed
+from engine.front import EngineFront, Prompt
 from engine.kv_cache import BlockManager, StepChanges
 from engine.kv_stats import KVIntegrity, KVStats, ReclaimResult
 from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
@@ -50,8 +50,6 @@ from policies.registry import as_spec, make_policy
 if TYPE_CHECKING:
     from engine.builder import ModelBundle
 
-Prompt = str | list[int]
-
 
 class LLMEngine:
     def __init__(
@@ -67,14 +65,8 @@ class LLMEngine:
     ) -> None:
         self.config = config
         self.runner = runner
-        self.limits = limits
-        self.tokenizer = tokenizer
-        self.max_prompt_bytes = (
-            0 if tokenizer is None else max_prompt_bytes(tokenizer, limits.max_model_len)
-        )
-        """UTF-8 bytes of text past which a prompt cannot fit (computed once, at build)."""
-        self.eos_token_ids = frozenset(eos_token_ids)
-        self.vocab_size = vocab_size
+        self.front = EngineFront(config, limits, tokenizer, eos_token_ids, vocab_size)
+        """Tokenizer, limits and admission checks: what a request is judged by before it queues."""
         self.clock = clock
         self.blocks = BlockManager(
             limits.num_kv_blocks,
@@ -124,18 +116,38 @@ class LLMEngine:
             policy=policy,
         )
 
-    # -- requests -----------------------------------------------------------------------
+    # -- the front's, read through the engine (the control plane still asks it) ----------
+
+    @property
+    def limits(self) -> EngineLimits:
+        return self.front.limits
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        return self.front.tokenizer
+
+    @property
+    def max_prompt_bytes(self) -> int:
+        return self.front.max_prompt_bytes
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.front.eos_token_ids
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.front.vocab_size
 
     def tokenize(self, prompt: Prompt) -> list[int]:
-        """Token ids of a prompt (thread-safe). Text that cannot fit ``max_model_len`` is refused
-        before it is tokenized; ``encode_batch`` releases the GIL while it works (``encode`` does
-        not), so a server calling this on a worker thread keeps answering meanwhile."""
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise RequestRejected("this model has no tokenizer: send token ids", "prompt")
-            check_text_size(prompt, self.max_prompt_bytes, self.limits.max_model_len)
-            return self.tokenizer.encode_batch([prompt])[0].ids
-        return list(prompt)
+        """``EngineFront.tokenize`` (thread-safe)."""
+        return self.front.tokenize(prompt)
+
+    def check_request(self, token_ids: list[int], params: SamplingParams) -> None:
+        """``EngineFront.check_request``: raise ``RequestRejected`` for a request that can
+        never be served."""
+        self.front.check_request(token_ids, params)
+
+    # -- requests -----------------------------------------------------------------------
 
     def add_request(
         self,
@@ -146,8 +158,8 @@ class LLMEngine:
     ) -> str:
         """Validate and queue a request (thread-safe); it joins the policy at the next step."""
         params = params or SamplingParams()
-        token_ids = self.tokenize(prompt)
-        self.check_request(token_ids, params)
+        token_ids = self.front.tokenize(prompt)
+        self.front.check_request(token_ids, params)
         if self.num_waiting >= self.config.max_waiting:
             raise QueueFull(f"waiting queue is full (max_waiting={self.config.max_waiting})")
         request_id = request_id or uuid.uuid4().hex
@@ -173,15 +185,12 @@ class LLMEngine:
         seed = child_seed(params.seed, index)
         if seed is not None:
             seq.generator = torch.Generator(device=self._device).manual_seed(seed)
-        if self.tokenizer is not None:
+        tokenizer = self.front.tokenizer
+        if tokenizer is not None:
             seq.detokenizer = IncrementalDetokenizer.for_prompt(
-                self.tokenizer, len(token_ids), params.stop
+                tokenizer, len(token_ids), params.stop
             )
         return seq
-
-    def check_request(self, token_ids: list[int], params: SamplingParams) -> None:
-        """Raise ``RequestRejected`` (naming the field) for a request that can never be served."""
-        check_request(token_ids, params, self.limits, self.blocks, self.vocab_size)
 
     def abort(self, request_id: str) -> Future[bool]:
         """Stop a request and free its blocks; its stream ends with ``finish_reason='abort'``."""
@@ -357,7 +366,7 @@ class LLMEngine:
         params = seq.params
         matched = seq.detokenizer.update(seq.token_ids) if seq.detokenizer else None
         num_tokens = len(seq.token_ids)
-        if not params.ignore_eos and token in self.eos_token_ids:
+        if not params.ignore_eos and token in self.front.eos_token_ids:
             seq.finish("stop", now)
         elif params.stop_token_ids and token in params.stop_token_ids:
             seq.finish("stop", now, stop_reason=token)
@@ -365,7 +374,7 @@ class LLMEngine:
             seq.finish("stop", now, stop_reason=matched)
         elif (
             num_tokens - len(seq.prompt_token_ids) >= params.max_tokens
-            or num_tokens >= self.limits.max_model_len
+            or num_tokens >= self.front.limits.max_model_len
         ):
             seq.finish("length", now)
         else:

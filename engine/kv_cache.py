@@ -15,13 +15,13 @@ the engine commits the rows that ran and rolls back the rest.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import OrderedDict, abc, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 
+from engine.kv_budget import kv_block_bytes, reserved_blocks
 from engine.kv_stats import BlockState, KVStats, ReclaimResult
 
 __all__ = [
@@ -111,7 +111,7 @@ class BlockManager:
 
     @property
     def reserved(self) -> int:
-        return math.ceil(self.memory_reserve * self.num_blocks - 1e-9)
+        return reserved_blocks(self.num_blocks, self.memory_reserve)
 
     @property
     def num_free(self) -> int:
@@ -679,4 +679,4 @@ def kv_bytes_per_block(
     num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> int:
     element = torch.empty((), dtype=dtype).element_size()
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * element
+    return kv_block_bytes(num_layers, block_size, num_kv_heads, head_dim, element)

@@ -9,8 +9,9 @@ from typing import Any
 
 from engine.builder import load_bundle
 from engine.config import EngineConfig
-from engine.engine import LLMEngine, Prompt
+from engine.engine import LLMEngine
 from engine.errors import QueueFull
+from engine.front import Prompt
 from engine.kv_stats import KVStats, ReclaimResult
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams

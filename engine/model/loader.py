@@ -15,71 +15,24 @@ Hugging Face names them, go through the same ``load_weights``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from engine.errors import CheckpointError
 from engine.model.config import ModelConfig
-from engine.model.formats import is_gguf
-from engine.model.gguf_file import open_checkpoint, split_files
+from engine.model.formats import checkpoint_files, is_gguf
+from engine.model.gguf_file import open_checkpoint
 from engine.model.llama import LlamaForCausalLM
 from engine.model.safetensors_file import SafetensorsFile
 from engine.parallel.shard import SINGLE, Shard
 
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
-TOKENIZER_FILE = "tokenizer.json"
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 SPLIT_DIMS = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "gate_proj": 0, "up_proj": 0}
 """Column-parallel projections: a rank takes its rows (weight and bias)."""
 ROW_PARALLEL = ("o_proj", "down_proj")
 """Row-parallel projections: a rank takes its columns of the weight; the bias stays whole."""
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointFiles:
-    config: Path
-    tokenizer: Path
-    weights: list[Path]
-
-
-def checkpoint_files(path: str | Path) -> CheckpointFiles:
-    """The folder's files, every one checked to exist (``CheckpointError`` names the first
-    missing one). A GGUF checkpoint is its own config and tokenizer; its weights are its
-    parts."""
-    path = Path(path)
-    if is_gguf(path):
-        parts = split_files(path)
-        return CheckpointFiles(path, path, parts)
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint folder {path} does not exist", path)
-    config = path / "config.json"
-    if not config.is_file():
-        raise CheckpointError(f"no config.json in {path}", config)
-    tokenizer = path / TOKENIZER_FILE
-    if not tokenizer.is_file():
-        hint = (
-            " (tokenizer.model alone is not read: write tokenizer.json with transformers' "
-            "AutoTokenizer.from_pretrained(dir).save_pretrained(dir))"
-            if (path / "tokenizer.model").is_file()
-            else ""
-        )
-        raise CheckpointError(f"no {TOKENIZER_FILE} in {path}{hint}", tokenizer)
-    if (path / INDEX_FILE).is_file():
-        weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
-        weights = [path / name for name in sorted(set(weight_map.values()))]
-        for shard in weights:
-            if not shard.is_file():
-                raise CheckpointError(f"{INDEX_FILE} names {shard.name}, missing in {path}", shard)
-    elif (path / SINGLE_FILE).is_file():
-        weights = [path / SINGLE_FILE]
-    else:
-        raise CheckpointError(f"no {SINGLE_FILE} or {INDEX_FILE} in {path}", path)
-    return CheckpointFiles(config, tokenizer, weights)
 
 
 def load_model(

@@ -107,12 +107,12 @@ def test_stop_token_ids_and_eos(llm):
     assert out.token_ids == full[: first + 1] and out.stop_reason == stop_at
     engine = llm.engine
     saved = engine.eos_token_ids
-    engine.eos_token_ids = frozenset({full[2]})
+    engine.front.eos_token_ids = frozenset({full[2]})
     try:
         eos = llm.generate([[11, 12, 13]], SamplingParams(max_tokens=16, temperature=0))[0]
         ignored = llm.generate([[11, 12, 13]], GREEDY)[0]
     finally:
-        engine.eos_token_ids = saved
+        engine.front.eos_token_ids = saved
     assert eos.finish_reason == "stop" and eos.token_ids[-1] == full[2]
     assert ignored.token_ids == full
 

@@ -1,0 +1,140 @@
+"""The engine's front: what admission needs (the tokenizer, the limits, the checks) and none
+of the weights.
+
+``LLMEngine`` owns one (``engine.front``) and admits through it. ``EngineFront.from_config``
+builds one from a config alone: it reads the model's config (``config.json``, or a GGUF
+file's metadata) and its tokenizer, never a weight tensor, and computes the limits the engine
+that config builds would have on this machine (``engine.kv_budget``: one definition for
+both). A fleet's control plane admits with such a front while the replicas hold the weights.
+
+An HF folder's front imports no torch; a GGUF file's does (its reader lives beside the
+tensors' dequantization), as does a random preset's (its tokenizer is trained beside the
+weights' generator).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tokenizers import Tokenizer
+
+from engine.admission import check_request, check_text_size, max_prompt_bytes
+from engine.config import EngineConfig, EngineLimits
+from engine.errors import CheckpointError, RequestRejected
+from engine.kv_budget import kv_limits
+from engine.model.config import ModelConfig
+from engine.model.formats import checkpoint_files, is_gguf
+from engine.parallel.shard import Shard, check_divisible
+from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.builder import RandomWeights
+
+Prompt = str | list[int]
+
+
+class EngineFront:
+    """Tokenize a prompt and refuse a request that can never be served (thread-safe: it holds
+    no live state; the pool is checked by its size and the memory reserve in force)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        limits: EngineLimits,
+        tokenizer: Tokenizer | None = None,
+        eos_token_ids: tuple[int, ...] | frozenset[int] = (),
+        vocab_size: int | None = None,
+    ) -> None:
+        self.config = config
+        """The engine's config; ``memory_reserve`` is read at each check (a switch moves it)."""
+        self.limits = limits
+        self.tokenizer = tokenizer
+        self.max_prompt_bytes = (
+            0 if tokenizer is None else max_prompt_bytes(tokenizer, limits.max_model_len)
+        )
+        """UTF-8 bytes of text past which a prompt cannot fit (computed once, at build)."""
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.vocab_size = vocab_size
+
+    @classmethod
+    def from_config(
+        cls, config: EngineConfig, random_weights: RandomWeights | None = None
+    ) -> EngineFront:
+        """The front of the engine ``LLMEngine.from_config(config)`` builds (with
+        ``random_weights``: of that preset's, as ``load_bundle`` builds it), without its
+        weights. Raises as the engine's build would for a missing tokenizer, a tensor-parallel
+        size that does not divide the heads, or a ``max_model_len`` beyond the model's."""
+        if random_weights is not None:
+            model, tokenizer, eos = preset_parts(random_weights.preset)
+        else:
+            model, tokenizer, eos = _checkpoint(config)
+        shard = Shard(0, config.tensor_parallel_size)
+        if shard.parallel:
+            check_divisible(model, shard.world_size)
+        limits = kv_limits(config, model, shard, weights_resident=False)
+        return cls(config, limits, tokenizer, eos, model.vocab_size)
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt. Text that cannot fit ``max_model_len`` is refused before it
+        is tokenized; ``encode_batch`` releases the GIL while it works (``encode`` does not),
+        so a server calling this on a worker thread keeps answering meanwhile."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestRejected("this model has no tokenizer: send token ids", "prompt")
+            check_text_size(prompt, self.max_prompt_bytes, self.limits.max_model_len)
+            return self.tokenizer.encode_batch([prompt])[0].ids
+        return list(prompt)
+
+    def check_request(self, token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ``RequestRejected`` (naming the field) for a request that can never be served."""
+        check_request(token_ids, params, self.limits, self.config.memory_reserve, self.vocab_size)
+
+
+def load_tokenizer(path: Path) -> Tokenizer | None:
+    """``tokenizer.json`` of a folder, or the tokenizer a GGUF file describes."""
+    if is_gguf(path):
+        from engine.gguf_tokenizer import gguf_tokenizer  # its reader imports torch
+
+        return gguf_tokenizer(path).tokenizer
+    file = path / "tokenizer.json"
+    return Tokenizer.from_file(str(file)) if file.is_file() else None
+
+
+def eos_token_ids(path: Path, model_config: ModelConfig) -> tuple[int, ...]:
+    """``generation_config.json`` wins over ``config.json``, as in transformers (a GGUF file:
+    its EOS and EOT ids, in the model config)."""
+    file = path / "generation_config.json"
+    if file.is_file():
+        eos = json.loads(file.read_text()).get("eos_token_id")
+        if eos is not None:
+            return tuple(eos) if isinstance(eos, list) else (eos,)
+    return model_config.eos_token_ids
+
+
+def checkpoint_tokenizer(config: EngineConfig) -> Tokenizer | None:
+    """The tokenizer ``config`` serves: ``config.tokenizer``'s (which must have one) or the
+    model's own (a folder may have none: the engine then takes token ids only)."""
+    path = Path(config.tokenizer) if config.tokenizer else Path(config.model)
+    if config.tokenizer and not is_gguf(path) and not (path / "tokenizer.json").is_file():
+        raise CheckpointError(f"no tokenizer.json in {path}", path)
+    return load_tokenizer(path)
+
+
+def _checkpoint(config: EngineConfig) -> tuple[ModelConfig, Tokenizer | None, tuple[int, ...]]:
+    path = Path(config.model)
+    checkpoint_files(path)  # the engine's build refuses a folder missing a file: so does this
+    model = ModelConfig.from_dir(path)
+    return model, checkpoint_tokenizer(config), eos_token_ids(path, model)
+
+
+def preset_parts(name: str) -> tuple[ModelConfig, Tokenizer, tuple[int, ...]]:
+    """A checkpoint preset's model config, tokenizer (built in memory) and stop tokens."""
+    from engine.checkpoint import BOS, EOS, PRESETS, build_tokenizer, hf_config
+
+    preset = PRESETS[name]
+    tokenizer = build_tokenizer(preset.tokenizer_vocab)
+    bos, eos = tokenizer.token_to_id(BOS), tokenizer.token_to_id(EOS)
+    model = ModelConfig.from_dict(hf_config(preset, bos, eos))
+    return model, tokenizer, model.eos_token_ids
