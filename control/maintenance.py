@@ -1,7 +1,7 @@
 """Scheduled maintenance: the KV reclaim sweep (job ``kv_reclaim``) on an APScheduler 3
 ``BackgroundScheduler``.
 
-The job only asks the engine for a sweep (``LLMEngine.reclaim()``, run by the engine loop at a
+The job only asks the engine for a sweep (``EngineService.reclaim()``, run by the engine loop at a
 step boundary: leaked blocks freed, then the memory-reserve guard) and waits for the answer.
 Every run, scheduled or manual, is recorded in the database and in the metrics. The same
 scheduler runs the runtime's small checker jobs (``add_job``: the policy reconcile, the stall
@@ -28,10 +28,10 @@ from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy import Engine
 from sqlmodel import Session, col, delete, select
 
+from control.engine_service import EngineService
 from control.metrics import ControlMetrics
 from control.models import MaintenanceRun, as_utc, utcnow
 from control.schemas import JobView, ReclaimRun
-from engine.engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ LAST_RUNS = 10
 class Maintenance:
     def __init__(
         self,
-        engine: LLMEngine,
+        engine: EngineService,
         db: Engine,
         metrics: ControlMetrics,
         interval_s: float,

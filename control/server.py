@@ -30,9 +30,9 @@ from control.api import errors, openapi
 from control.api.main import api_router
 from control.api.middleware import RequestGuard, install_log_filter
 from control.api.routes import admin_policy
+from control.context import AppContext
 from control.core.config import Settings
 from control.core.db import make_engine
-from control.runtime import AppContext
 from engine.config import EngineLimits
 
 log = logging.getLogger(__name__)
@@ -105,13 +105,13 @@ def create_app(
 def _vocab_size(app: FastAPI) -> int | None:
     ctx = getattr(app.state, "ctx", None)
     runtime = None if ctx is None else ctx.runtime
-    return None if runtime is None else runtime.llm_engine.vocab_size
+    return None if runtime is None else runtime.service.front.vocab_size
 
 
 def _engine_limits(app: FastAPI) -> EngineLimits | None:
     ctx = getattr(app.state, "ctx", None)
     runtime = None if ctx is None else ctx.runtime
-    return None if runtime is None else runtime.llm_engine.limits
+    return None if runtime is None else runtime.service.front.limits
 
 
 def token_file(db_path: Path) -> Path:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 
+from control.engine_service import EngineService
 from control.metrics import ControlMetrics
-from engine.async_engine import AsyncEngine
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ def check_interval(stall_timeout_s: float) -> float:
 
 
 class StallWatchdog:
-    def __init__(self, engine: AsyncEngine, metrics: ControlMetrics, stall_timeout_s: float):
+    def __init__(self, engine: EngineService, metrics: ControlMetrics, stall_timeout_s: float):
         self._engine = engine
         self._metrics = metrics
         self.stall_timeout_s = stall_timeout_s

@@ -24,14 +24,13 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 from engine import faults
-from engine.batch import StepInfo
 from engine.engine import LLMEngine
-from engine.errors import RequestRejected
+from engine.errors import EngineStepError, EngineStopped, RequestFailed, RequestRejected
 from engine.front import Prompt
+from engine.loop_health import LoopHealth
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -40,43 +39,6 @@ log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.5
 """How long the idle loop sleeps before re-checking (a wake-up cuts it short)."""
 ERROR_BACKOFF_S = 0.1
-
-
-class EngineStepError(RuntimeError):
-    """The engine failed while running this request; the request was aborted."""
-
-
-class RequestFailed(EngineStepError):
-    """This request alone failed in a step (its sampling row); its neighbours kept running."""
-
-    def __init__(self, request_id: str, message: str) -> None:
-        super().__init__(message)
-        self.request_id = request_id
-
-
-class EngineStopped(RuntimeError):
-    """The engine shut down before this request finished."""
-
-
-@dataclass(frozen=True, slots=True)
-class LoopHealth:
-    """A snapshot of the engine loop for the stall watchdog.
-
-    ``seconds_since_progress`` counts from the last time the loop came round (a step or a
-    command finished, or an idle wait ended); it grows without bound only while a step or a
-    command hangs. ``step`` is the number of steps run so far; ``current_step`` describes the
-    batch in flight (None between steps, e.g. while a command runs)."""
-
-    alive: bool
-    busy: bool
-    seconds_since_progress: float
-    step: int
-    current_step: StepInfo | None
-
-    def describe(self) -> str:
-        if self.current_step is not None:
-            return self.current_step.describe()
-        return f"between steps (after step {self.step})"
 
 
 class RequestStream:
@@ -92,6 +54,9 @@ class RequestStream:
 
     def __aiter__(self) -> RequestStream:
         return self
+
+    async def admitted(self) -> None:
+        """At once: ``add_request`` admitted it (its refusals raised there)."""
 
     async def __anext__(self) -> RequestOutput:
         if self._done:

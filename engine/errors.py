@@ -1,4 +1,5 @@
-"""Request refusals the server maps to HTTP answers (400 and 429), and checkpoint errors."""
+"""Request refusals the server maps to HTTP answers (400 and 429), a request's failures in the
+engine (its stream ends with one), and checkpoint errors."""
 
 from __future__ import annotations
 
@@ -25,3 +26,19 @@ class CheckpointError(ValueError):
     def __init__(self, message: str, path: str | Path) -> None:
         super().__init__(message)
         self.path = Path(path)
+
+
+class EngineStepError(RuntimeError):
+    """The engine failed while running this request; the request was aborted."""
+
+
+class RequestFailed(EngineStepError):
+    """This request alone failed in a step (its sampling row); its neighbours kept running."""
+
+    def __init__(self, request_id: str, message: str) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+
+
+class EngineStopped(RuntimeError):
+    """The engine shut down before this request finished."""

@@ -11,6 +11,15 @@ violation cannot hide behind an import error and the check takes well under a se
 - Nothing of ours touches Textual's private binding state (issue 12, item 6).
 - Nothing outside engine/kv_cache.py touches the BlockManager's private state (its tables,
   chains, fill, ref counts...): callers use its public API (issue 12, item 1).
+- The routes and the jobs hold the engine through the seam (``control.engine_service``), never
+  an implementation: no import of ``LLMEngine``, ``AsyncEngine``, ``LocalEngine``, the fleet's
+  classes or their modules (issue 24).
+- No module-level engine state: nothing of ours builds an engine at import time or rebinds a
+  module global (``global``) (issue 24).
+- The fleet's control plane loads no model code: what ``control/fleet/`` imports at module
+  level never reaches the model, the runner, the kernels or the engine that wraps them,
+  however indirectly (the replica class imports them inside its constructor, which runs in
+  the replicas only) (issue 24).
 Each rule also runs on a small tree with a deliberate violation, to show it can fail.
 """
 
@@ -56,6 +65,21 @@ SERVER_FRAMEWORKS = frozenset(
 """What ``engine/``, ``policies/`` and ``kernels/`` never import (DESIGN §1, plus the
 frameworks fastapi and sqlmodel are built on)."""
 PRIVATE_TEXTUAL = frozenset({"_bindings", "_merged_bindings"})
+SEAM_HOLDERS = ("control.api", "control.maintenance", "control.watchdog", "control.in_force")
+"""The routes and the jobs: they hold the engine as an ``EngineService``."""
+ENGINE_IMPLEMENTATIONS = frozenset(
+    {"engine.engine", "engine.llm", "control.local_engine", "control.compose"}
+    | {"control.fleet.fleet", "control.fleet.client", "control.fleet.replica"}
+)
+ENGINE_CLASSES = frozenset(
+    {"LLMEngine", "AsyncEngine", "LLM", "LocalEngine", "Fleet", "FleetEngine", "EngineReplica"}
+)
+MODEL_CODE = frozenset(
+    {"engine.engine", "engine.llm", "engine.builder", "engine.runner", "engine.model.llama"}
+    | {"engine.model.loader", "engine.async_engine", "kernels"}
+)
+"""What loads or runs the weights (``kernels`` with its submodules)."""
+FLEET_FRONT = "control.fleet"
 KV_CACHE = Path("engine/kv_cache.py")
 """The BlockManager's home: the only file that may read or write its private state."""
 
@@ -71,7 +95,7 @@ class Import:
     line: int
     plain: bool = False
     lazy: bool = False
-    """Inside a function: runs only when called."""
+    """Inside a function (runs only when called) or under ``if TYPE_CHECKING`` (never runs)."""
 
     def __str__(self) -> str:
         what = f"import {self.target}" if self.plain else f"from {self.target} import "
@@ -99,6 +123,7 @@ class Tree:
         dotted = [d for d in map(_dotted, ast.walk(tree)) if d]
         functions = (ast.FunctionDef, ast.AsyncFunctionDef)
         lazy = {id(n) for f in ast.walk(tree) if isinstance(f, functions) for n in ast.walk(f)}
+        lazy |= {id(n) for f in ast.walk(tree) if _type_checking(f) for n in ast.walk(f)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:
@@ -139,6 +164,16 @@ def _dotted(node: ast.AST) -> str | None:
         parts.append(node.attr)
         node = node.value
     return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) and parts else None
+
+
+def _type_checking(node: ast.AST) -> bool:
+    """An ``if TYPE_CHECKING:`` block: its imports are for the type checker only."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        _dotted(test) == "typing.TYPE_CHECKING"
+    )
 
 
 def _top(module: str) -> str:
@@ -233,8 +268,68 @@ def block_manager_private_violations(root: Path) -> list[str]:
     return found
 
 
+def seam_violations(tree: Tree) -> list[str]:
+    found = []
+    for imp in tree.imports:
+        if not _under(imp.source, frozenset(SEAM_HOLDERS)):
+            continue
+        reached = tree.reached(imp) | {imp.target}
+        if reached & ENGINE_IMPLEMENTATIONS or set(imp.names) & ENGINE_CLASSES:
+            found.append(f"{imp} (routes and jobs hold the engine as an EngineService)")
+    return found
+
+
+def module_state_violations(tree: Tree) -> list[str]:
+    """A ``global`` statement anywhere, or a module-level statement that calls an engine's
+    constructor (``LLMEngine(...)``, ``AsyncEngine.from_config(...)``...)."""
+    found = []
+    for module, path in sorted(tree.files.items()):
+        parsed = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(parsed):
+            if isinstance(node, ast.Global):
+                found.append(f"{module}:{node.lineno}: global {', '.join(node.names)}")
+        for statement in parsed.body:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            for node in ast.walk(statement):
+                name = _dotted(node.func) if isinstance(node, ast.Call) else None
+                if name is None and isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                    name = node.func.id
+                if name and set(name.split(".")) & ENGINE_CLASSES:
+                    found.append(f"{module}:{node.lineno}: {name}(...) at import time")
+    return found
+
+
+def fleet_front_violations(tree: Tree) -> list[str]:
+    """Every module the fleet's control plane loads at import time, followed to the end."""
+    by_source: dict[str, list[Import]] = {}
+    for imp in tree.imports:
+        if not imp.lazy:
+            by_source.setdefault(imp.source, []).append(imp)
+    found = []
+    starts = [m for m in tree.files if _under(m, frozenset({FLEET_FRONT}))]
+    for start in sorted(starts):
+        seen, frontier = {start}, [(start, start)]
+        while frontier:
+            module, path = frontier.pop()
+            for imp in by_source.get(module, []):
+                for target in tree.reached(imp):
+                    if target in seen or target not in tree.files:
+                        continue
+                    seen.add(target)
+                    chain = f"{path} -> {target}"
+                    if _under(target, MODEL_CODE):
+                        found.append(f"{start}: loads model code ({chain})")
+                    else:
+                        frontier.append((target, chain))
+    return found
+
+
 RULES = {
     "floors": lambda root: floor_violations(Tree(root)),
+    "engine_seam": lambda root: seam_violations(Tree(root)),
+    "module_state": lambda root: module_state_violations(Tree(root)),
+    "fleet_front": lambda root: fleet_front_violations(Tree(root)),
     "frameworks": lambda root: framework_violations(Tree(root)),
     "package_init": lambda root: package_init_violations(Tree(root)),
     "private_textual": private_textual_violations,
@@ -273,6 +368,15 @@ VIOLATIONS = {
     },
     "private_textual": {"tui/app.py": "app._bindings = None\ngetattr(app, '_bindings')\n"},
     "block_manager_private": {"bench/run.py": "engine.blocks._tables.pop('a')\n"},
+    "engine_seam": {
+        "control/api/routes/chat.py": "from engine.engine import LLMEngine\n",
+        "control/maintenance.py": "from control.local_engine import LocalEngine\n",
+    },
+    "module_state": {
+        "control/server.py": "from engine.llm import LLM\n\nENGINE = LLM.from_config(None)\n",
+        "engine/batch.py": "STATE = 0\n\n\ndef bump():\n    global STATE\n",
+    },
+    "fleet_front": {"control/fleet/fleet.py": "from control.front_helpers import load\n"},
 }
 
 
@@ -300,6 +404,17 @@ def test_a_deliberate_violation_fails_the_rule(rule: str, tmp_path: Path) -> Non
         "control/cli.py": "def tui():\n    from tui.app import App\n",
         "control/migrate.py": "import migrations\n\nmigrations.__path__\n",
         "migrations/__init__.py": "",
+        "control/api/__init__.py": "",
+        "control/api/routes/__init__.py": "",
+        "control/api/routes/chat.py": "from control.engine_service import EngineService\n",
+        "control/engine_service.py": "from engine.batch import Batch\n",
+        "control/maintenance.py": "from control.engine_service import EngineService\n",
+        "control/server.py": "from engine.llm import LLM\n\n\ndef main():\n    LLM()\n",
+        "control/fleet/__init__.py": "",
+        "control/fleet/fleet.py": "from control.engine_service import EngineService\n",
+        "control/fleet/replica.py": "def build():\n    from engine.engine import LLMEngine\n",
+        "control/front_helpers.py": "from engine.model.llama import Llama\n",
+        "engine/engine.py": "",
     }
     for name, text in clean.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

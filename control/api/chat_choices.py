@@ -17,7 +17,7 @@ from control.chat_schemas import (
     ChatTokenLogprob,
     TopLogprob,
 )
-from engine.engine import LLMEngine
+from engine.front import EngineFront
 from engine.outputs import RequestOutput, TokenLogprob
 
 
@@ -44,11 +44,11 @@ class Render:
     """Choices of one request, whole or chunk by chunk (with each choice's logprobs since its
     last chunk)."""
 
-    def __init__(self, body: ChatCompletionRequest, engine: LLMEngine) -> None:
+    def __init__(self, body: ChatCompletionRequest, front: EngineFront) -> None:
         self.n = body.n
         self.want_logprobs = bool(body.logprobs)
         self.top = body.top_logprobs or 0
-        self.texts = TokenTexts(engine.tokenizer)
+        self.texts = TokenTexts(front.tokenizer)
         self._pending: dict[int, list[TokenLogprob]] = {}
 
     def roles(self) -> list[list[ChatChunkChoice]]:

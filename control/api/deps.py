@@ -14,11 +14,12 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlmodel import Session
 
 from control.api.errors import ApiError
+from control.context import AppContext
+from control.engine_service import EngineService, ReplicaControl, TestingHooks
 from control.guardrail.rows import ACTOR as GUARDRAIL_ACTOR
 from control.policy_rows import SEED_ACTOR
-from control.runtime import AppContext, Runtime
+from control.runtime import Runtime
 from control.schedule_store import ACTOR_PREFIX as SCHEDULE_ACTOR_PREFIX
-from engine.async_engine import AsyncEngine
 
 ACTOR_MAX_LEN = 100
 
@@ -45,11 +46,35 @@ def get_runtime(ctx: ContextDep) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-def get_engine(runtime: RuntimeDep) -> AsyncEngine:
-    return runtime.engine
+def get_service(runtime: RuntimeDep) -> EngineService:
+    return runtime.service
 
 
-EngineDep = Annotated[AsyncEngine, Depends(get_engine)]
+ServiceDep = Annotated[EngineService, Depends(get_service)]
+
+NO_REPLICAS = "this server runs one engine: a restart needs --replicas"
+
+
+def get_replicas(service: ServiceDep) -> ReplicaControl:
+    """The fleet capability; 409 on a server of one engine."""
+    replicas = service.replicas()
+    if replicas is None:
+        raise HTTPException(409, NO_REPLICAS)
+    return replicas
+
+
+ReplicasDep = Annotated[ReplicaControl, Depends(get_replicas)]
+
+NO_TEST_HOOKS = "the test hooks need one local engine (not --replicas)"
+
+
+def get_testing(runtime: RuntimeDep) -> TestingHooks:
+    if runtime.testing is None:
+        raise HTTPException(409, NO_TEST_HOOKS)
+    return runtime.testing
+
+
+TestingDep = Annotated[TestingHooks, Depends(get_testing)]
 
 
 def get_db(ctx: ContextDep) -> Iterator[Session]:

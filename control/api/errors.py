@@ -25,8 +25,7 @@ from control.api.middleware import note_refusal
 from control.core.db import unavailable
 from control.schemas import ErrorInfo, ErrorResponse, StoreUnavailableError
 from control.store import SettingsInvalid, StoreUnavailable, VersionConflict, VersionNotFound
-from engine.async_engine import EngineStepError, EngineStopped
-from engine.errors import QueueFull, RequestRejected
+from engine.errors import EngineStepError, EngineStopped, QueueFull, RequestRejected
 
 RETRY_AFTER_S = 1
 STORE_RETRY_AFTER_S = 5

@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar
 
 from fastapi import HTTPException, Request
 from fastapi.responses import StreamingResponse
@@ -22,9 +22,10 @@ from control.api.errors import ApiError, public_errors
 from control.api.limits import check_stop_list
 from control.api.middleware import CLIENT_GONE
 from control.core.config import Settings
+from control.engine_service import EngineStream
 from control.runtime import Runtime
 from control.schemas import ErrorInfo, ErrorResponse, StreamOptions, Usage
-from engine.async_engine import EngineStepError, EngineStopped, RequestStream
+from engine.errors import EngineStepError, EngineStopped
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -89,7 +90,7 @@ async def unless_gone(work: Awaitable[T], request: Request) -> T:
         task.cancel()  # cancelling the stream's reader aborts the request
 
 
-async def finals(stream: RequestStream) -> dict[int, RequestOutput]:
+async def finals(stream: EngineStream) -> dict[int, RequestOutput]:
     """The last output of each of the request's sequences, by choice index."""
     last: dict[int, RequestOutput] = {}
     async for output in stream:
@@ -97,7 +98,7 @@ async def finals(stream: RequestStream) -> dict[int, RequestOutput]:
     return last
 
 
-async def whole_answer(stream: RequestStream, request: Request) -> dict[int, RequestOutput]:
+async def whole_answer(stream: EngineStream, request: Request) -> dict[int, RequestOutput]:
     """``finals`` of a request answered at once, unless the client hangs up first."""
     try:
         return await unless_gone(finals(stream), request)
@@ -167,14 +168,6 @@ def sampling_params(
     )
 
 
-@runtime_checkable
-class Admitting(Protocol):
-    """A stream admitted later than ``add_request`` (a fleet replica's queue): ``start``
-    raises the refusal (``QueueFull``...), so it is still an HTTP error, not an event."""
-
-    async def start(self) -> None: ...
-
-
 @dataclass(frozen=True)
 class Answers:
     """How a route answers: its whole answer's model and its chunks' model, both with ``id``,
@@ -217,7 +210,7 @@ class Answers:
         body: Generating,
         request_id: str,
         runtime: Runtime,
-        stream: RequestStream,
+        stream: EngineStream,
         render: ChoiceRender[Choice],
         request: Request,
         prompt_tokens: int,
@@ -229,8 +222,7 @@ class Answers:
         event stream. The stream starts at once (clients see the queue time as time to first
         token); a failure from then on ends it with an error event."""
         created, model = int(time.time()), runtime.model_name
-        if isinstance(stream, Admitting):
-            await stream.start()  # a replica's refusal (429) before any byte of the answer
+        await stream.admitted()  # a replica's refusal (429) before any byte of the answer
         if not body.stream:
             last = await whole_answer(stream, request)
             return self.whole(
@@ -267,7 +259,7 @@ class Chunker(Generic[Choice]):
 
 
 async def events(
-    stream: RequestStream,
+    stream: EngineStream,
     chunk: Chunker[Choice],
     render: ChoiceRender[Choice],
     report: StreamUsage,

@@ -1,6 +1,6 @@
 """Limits a completion request meets before it reaches the engine, each cheap and each a 400
 naming the field: the size of the stop list, a text prompt that cannot fit in
-``max_model_len`` whatever it tokenizes to (the engine's own check, ``LLMEngine.tokenize``), run
+``max_model_len`` whatever it tokenizes to (the engine's own check, ``EngineFront.tokenize``), run
 with the tokenization off the event loop, and the request's whole cost (``RequestCost``: its
 tokens and its logprob entries, summed over its prompts and choices).
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from starlette.concurrency import run_in_threadpool
 
 from control.api.errors import ApiError
-from engine.engine import LLMEngine
 from engine.errors import RequestRejected
+from engine.front import EngineFront
 
 REQUEST_TOO_LARGE = "request_too_large"
 """``error.code`` of a request past ``max_request_tokens`` or ``max_logprob_entries``."""
@@ -37,12 +37,12 @@ def check_stop_list(stops: list[str], max_strings: int, max_length: int) -> None
         )
 
 
-async def prompt_token_ids(prompt: str | list[int], engine: LLMEngine) -> list[int]:
+async def prompt_token_ids(prompt: str | list[int], front: EngineFront) -> list[int]:
     """Token ids for ``engine.add_request``: a text prompt is measured (400 when it cannot fit)
     and tokenized by the engine on a worker thread, so no request stalls the others."""
     if not isinstance(prompt, str):
         return prompt
-    return await run_in_threadpool(engine.tokenize, prompt)
+    return await run_in_threadpool(front.tokenize, prompt)
 
 
 @dataclass(frozen=True, slots=True)

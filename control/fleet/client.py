@@ -1,10 +1,10 @@
-"""The deployment handle as the routes' engine (imports ray).
+"""The deployment handle: how the fleet queues a request (imports ray).
 
-``FleetEngine`` stands where ``AsyncEngine`` stands in a single-engine server: the routes call
-``add_request`` and read an async stream of ``RequestOutput``. Admission is checked here first
-(the control plane holds an idle engine of the same config: tokenizer, limits), so a refusal is
-still a 400 before any stream starts. The stream asks every replica for its cached prefix of the
-prompt (when prefix caching is on), then calls ``generate`` through the handle, whose
+``FleetEngine`` is how ``Fleet`` (the fleet's ``EngineService``) queues a request: the routes
+call ``add_request`` and read an async stream of ``RequestOutput``. Admission is checked here
+first (by the control plane's tokenizer-only front of the same config: tokenizer, limits), so a
+refusal is still a 400 before any stream starts. The stream asks every replica for its cached
+prefix of the prompt (when prefix caching is on), then calls ``generate`` through the handle, whose
 ``FleetRouter`` picks the replica. A replica that dies mid-request ends the stream with
 ``EngineStopped`` naming it, never a hang; the others keep serving.
 """
@@ -26,9 +26,8 @@ from control.fleet.affinity import prefix_hashes
 from control.fleet.registry import router_of
 from control.fleet.router import TARGET, ReplicaGone
 from control.fleet.score import RouteHint
-from engine.async_engine import AsyncEngine, EngineStepError, EngineStopped, LoopHealth
-from engine.engine import LLMEngine
-from engine.errors import QueueFull, RequestRejected
+from engine.errors import EngineStepError, EngineStopped, QueueFull, RequestRejected
+from engine.front import EngineFront
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -47,7 +46,7 @@ class FleetEngine:
         self,
         handle: DeploymentHandle,
         deployment: str,
-        front: AsyncEngine,
+        front: EngineFront,
         on_finished: Callable[[RequestOutput], None] | None = None,
         probe_timeout_s: float = Settings.model_fields["prefix_probe_timeout_s"].default,
     ) -> None:
@@ -62,36 +61,23 @@ class FleetEngine:
         """What a request whose replica went away is told, while a restart explains it."""
         self._cut_offs: dict[str, tuple[float, str]] = {}
         """Replica -> (monotonic deadline, why): a drain's end, when its streams are cut."""
+        self._stopped: str | None = None
+        """Set by ``cut_off_all`` or ``close``: why a new request is refused."""
 
-    # -- what AsyncEngine offers the routes ----------------------------------------------
-
-    @property
-    def engine(self) -> LLMEngine:
-        """The control plane's own idle engine: tokenizer, limits, admission checks."""
-        return self.front.engine
+    def add_request(
+        self, token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> FleetStream:
+        if self._stopped is not None:
+            raise EngineStopped(self._stopped)
+        self.front.check_request(token_ids, params)  # RequestRejected now, as a 400
+        return FleetStream(self, list(token_ids), params, request_id)
 
     @property
     def is_running(self) -> bool:
-        return self.front.is_running
+        return self._stopped is None
 
-    def loop_health(self) -> LoopHealth:
-        return self.front.loop_health()
-
-    def start(self) -> None:
-        self.front.start()
-
-    def shutdown(self, timeout: float = 30.0) -> None:
-        self.front.shutdown(timeout)
-
-    def add_request(
-        self, prompt: list[int], params: SamplingParams | None = None, request_id: str | None = None
-    ) -> FleetStream:
-        if not self.is_running:
-            raise EngineStopped("the control plane is shutting down")
-        params = params or SamplingParams()
-        token_ids = self.engine.tokenize(prompt)
-        self.engine.check_request(token_ids, params)  # RequestRejected now, as a 400
-        return FleetStream(self, token_ids, params, request_id or f"req-{time.time_ns()}")
+    def close(self) -> None:
+        self._stopped = self._stopped or "the control plane is shutting down"
 
     def cut_off(self, replica: str, deadline: float, note: str) -> None:
         """End the streams still on ``replica`` at ``deadline`` (``time.monotonic``) with
@@ -108,12 +94,13 @@ class FleetEngine:
         """The server's drain deadline: every replica's streams end now with
         ``EngineStopped(reason)`` (within ``CUT_OFF_POLL_S``), as a restart's do. Answers how
         many requests the router had in flight."""
+        self._stopped = reason
         router = router_of(self.deployment)
         in_flight = sum(router.in_flight().values()) if router is not None else 0
         now = time.monotonic()
         for rid in self.replica_ids():
             self.cut_off(rid, now, reason)
-        return in_flight + self.front.cut_off(reason)
+        return in_flight
 
     def cut_off_of(self, replica: str | None) -> tuple[float, str] | None:
         return self._cut_offs.get(replica) if replica is not None else None
@@ -160,9 +147,9 @@ class FleetEngine:
     async def probe_prefix(self, token_ids: list[int]) -> RouteHint | None:
         """Each replica's cached blocks of this prompt, from those that answered within
         ``probe_timeout_s`` (the router's memory stands in for the others)."""
-        if not self.engine.blocks.enable_prefix_caching:
+        if not self.front.config.enable_prefix_caching:
             return None
-        blocks = prefix_hashes(token_ids, self.engine.limits.block_size)
+        blocks = prefix_hashes(token_ids, self.front.limits.block_size)
         if not blocks:
             return None
         probe = self.handle.options(method_name="match_prefix")
@@ -197,6 +184,9 @@ class FleetStream:
 
     def __aiter__(self) -> FleetStream:
         return self
+
+    async def admitted(self) -> None:
+        await self.start()
 
     async def start(self) -> None:
         """Route the request and wait until its replica's engine admitted it (the replica's

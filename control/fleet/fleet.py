@@ -1,8 +1,10 @@
-"""The fleet as the runtime holds it (imports ray): launch on a local or given Ray instance,
-push policy versions to every replica, converge the ones that missed one, sweep each pool,
-and report each replica.
+"""The fleet: the ``EngineService`` of a server with ``--replicas`` (imports ray). It launches
+the replicas on a local or given Ray instance, queues requests through ``FleetEngine``, pushes
+policy versions to every replica, converges the ones that missed one, sweeps each pool, and
+reports each replica (``ReplicaControl``: the replicas and rolling restarts). The control plane
+holds only a tokenizer-only ``EngineFront``: the weights load in the replicas alone.
 
-Policy versions: ``Runtime.apply`` calls ``Fleet.apply`` first; it returns once every live
+Policy versions: ``InForce.apply`` calls ``Fleet.apply``; it returns once every live
 replica acknowledged the version at its own step boundary (the store marks it ``applied``),
 raises ``TimeoutError`` when one has not within the timeout (``pending``: the store's reconcile
 job retries, and a replica still working on it waits on the same commands), or the replica's
@@ -16,11 +18,13 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from control.core.config import Settings
+from control.engine_service import EngineService, PeriodicJob, ReplicaControl
 from control.fleet.deployment import DEPLOYMENT, application
 from control.fleet.deployment import scaling as scaling  # where it was defined first
 from control.fleet.local_ray import LocalRay, connect
@@ -29,17 +33,20 @@ from control.fleet.replica import ReplicaReport
 from control.fleet.restart import RollingRestarts
 from control.fleet.schemas import ReplicaView, RestartView
 from control.fleet.score import ROUTING_STATS_PERIOD_S
+from control.fleet.state import merged_integrity, merged_snapshot
+from control.metrics import ControlMetrics
 from control.schemas import PolicySettings
-from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.kv_stats import ReclaimResult
+from engine.front import EngineFront
+from engine.kv_stats import KVIntegrity, ReclaimResult
+from engine.loop_health import LoopHealth
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
 from engine.snapshot import EngineSnapshot
 
 if TYPE_CHECKING:  # the modules importing ray load once connect() set Ray's environment
-    from control.fleet.client import FleetEngine
+    from control.fleet.client import FleetEngine, FleetStream
     from control.fleet.router import FleetRouter
-    from control.maintenance import Maintenance
-    from control.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +56,8 @@ REPORT_TIMEOUT_S = 2.0
 READY_TIMEOUT_S = 120.0
 
 
-@dataclass
-class Fleet:
+@dataclass(eq=False)
+class Fleet(EngineService, ReplicaControl):
     settings: Settings
     engine: FleetEngine
     app_name: str
@@ -69,10 +76,11 @@ class Fleet:
         cls,
         settings: Settings,
         config: EngineConfig,
+        front: EngineFront,
         in_force: PolicySettings,
         version: int,
-        front: AsyncEngine,
-        on_finished: Any,
+        on_finished: Callable[[RequestOutput], None],
+        metrics: ControlMetrics,
     ) -> Fleet:
         threads = settings.num_threads or 1
         most = settings.max_replicas or settings.replicas or 1
@@ -100,6 +108,7 @@ class Fleet:
             )
             fleet.local = local
             handle.options(method_name="report").remote().result(timeout_s=READY_TIMEOUT_S)
+            install(metrics, fleet.snapshots)
         except BaseException:
             if local is not None:
                 local.stop()
@@ -141,16 +150,51 @@ class Fleet:
                     self.in_force.model_dump(mode="json"), self.version, replica=replica
                 )
 
-    def attach(self, runtime: Runtime, maintenance: Maintenance) -> None:
-        """Hook into the runtime: versions through ``apply``, the converge job, the metrics."""
-        runtime.fleet = self
-        maintenance.add_job(
-            CONVERGE_JOB_ID,
-            "push the version in force to replicas behind it",
-            self.converge,
-            CONVERGE_INTERVAL_S,
+    def jobs(self) -> Sequence[PeriodicJob]:
+        return (
+            PeriodicJob(
+                CONVERGE_JOB_ID,
+                "push the version in force to replicas behind it",
+                self.converge,
+                CONVERGE_INTERVAL_S,
+            ),
         )
-        install(runtime.metrics, self.snapshots)
+
+    # -- requests ------------------------------------------------------------------------
+
+    @property
+    def front(self) -> EngineFront:
+        return self.engine.front
+
+    @property
+    def is_running(self) -> bool:
+        return self.engine.is_running
+
+    def start(self) -> None:
+        """Nothing to start: ``launch`` waited for the replicas."""
+
+    def add_request(
+        self, token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> FleetStream:
+        return self.engine.add_request(token_ids, params, request_id)
+
+    def in_flight(self) -> bool:
+        router = self.router()
+        return router is not None and sum(router.in_flight().values()) > 0
+
+    def cut_off(self, reason: str) -> int:
+        return self.engine.cut_off_all(reason)
+
+    def loop_health(self) -> LoopHealth:
+        """The control plane runs no engine loop: each replica's loop is its own (Ray restarts
+        a replica whose health check fails). Never busy here, so the watchdog never fires."""
+        return LoopHealth(
+            alive=self.is_running,
+            busy=False,
+            seconds_since_progress=0.0,
+            step=0,
+            current_step=None,
+        )
 
     # -- maintenance and state -----------------------------------------------------------
 
@@ -181,6 +225,24 @@ class Fleet:
     def reports(self, timeout: float = REPORT_TIMEOUT_S) -> dict[str, ReplicaReport | Exception]:
         return self.engine.call_each("report", timeout=timeout)
 
+    def snapshot(self, timeout: float | None = REPORT_TIMEOUT_S) -> EngineSnapshot:
+        """Every replica's snapshot summed (``state.merged_snapshot``); ``TimeoutError`` when
+        no replica answered."""
+        reports = self.reports(REPORT_TIMEOUT_S if timeout is None else timeout)
+        snaps = {r: rep.snapshot for r, rep in reports.items() if isinstance(rep, ReplicaReport)}
+        if not snaps:
+            raise TimeoutError("no replica answered")
+        return merged_snapshot(snaps)
+
+    def check_kv_integrity(self, timeout: float) -> KVIntegrity:
+        results = self.engine.call_each("check_kv_integrity", timeout=timeout)
+        errors = [f"{r}: {e}" for r, e in results.items() if isinstance(e, Exception)]
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        if not results:
+            raise TimeoutError("no replica is up")
+        return merged_integrity(results)
+
     def snapshots(self) -> dict[str, EngineSnapshot]:
         return {
             r: rep.snapshot
@@ -200,9 +262,11 @@ class Fleet:
         """Start a rolling restart (``restart.py``); ``RestartRefused`` while one runs."""
         return self.restarts.start(self)
 
-    def in_flight(self) -> int:
-        router = self.router()
-        return sum(router.in_flight().values()) if router is not None else 0
+    def restart_view(self) -> RestartView | None:
+        return self.restarts.view()
+
+    def replicas(self) -> ReplicaControl:
+        return self
 
     def close(self) -> None:
         """This driver leaves first (else it logs a failed push to Ray every second until the
@@ -211,6 +275,7 @@ class Fleet:
         import ray
         from ray import serve
 
+        self.engine.close()
         if self.local is None:
             try:
                 serve.delete(self.app_name)

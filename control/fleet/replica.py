@@ -1,5 +1,5 @@
 """One engine replica: the Ray Serve deployment class (an ``AsyncEngine`` built as
-``control.runtime.load_runtime`` builds one, without the store, schedules or metrics, which
+``control.compose.build_runtime`` builds one, without the store, schedules or metrics, which
 stay single in the control plane).
 
 Every method but ``generate`` takes a ``replica`` keyword: ``router.FleetRouter`` sends such a
@@ -21,10 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from control.schemas import PolicySettings
-from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.kv_stats import ReclaimResult
+from engine.kv_stats import KVIntegrity, ReclaimResult
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.snapshot import EngineSnapshot
@@ -57,6 +55,9 @@ class EngineReplica:
         """``settings`` and ``version``: the version in force when the fleet was deployed. Ray
         restarts a dead replica with these same arguments; the control plane's reconcile job
         then pushes the active version to it (it reports the version it runs)."""
+        from engine.async_engine import AsyncEngine  # the model code loads in the replica only
+        from engine.engine import LLMEngine
+
         in_force = PolicySettings.model_validate(settings)
         self.id = replica_id()
         self.engine = LLMEngine.from_config(config)
@@ -136,6 +137,9 @@ class EngineReplica:
             snapshot=snapshot,
             last_reclaim=self.last_reclaim,
         )
+
+    async def check_kv_integrity(self, replica: str | None = None) -> KVIntegrity:
+        return await asyncio.wrap_future(self.engine.check_kv_integrity())
 
     async def reclaim(self, replica: str | None = None) -> ReclaimResult:
         self.last_reclaim = await asyncio.wrap_future(self.engine.reclaim())

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from control import runtime
+from control import context
 from control.core.config import Settings
 from control.server import create_app
 from tests.control.support import ADMIN, TOKEN, ServerProcess, sse_events, state, wait_for
@@ -78,7 +78,7 @@ def test_ready_is_503_while_loading_then_names_a_failed_load(
         release.wait(10)
         raise RuntimeError("no such model")
 
-    monkeypatch.setattr(runtime, "load_runtime", slow_failing_load)
+    monkeypatch.setattr(context, "build_runtime", slow_failing_load)
     app = create_app(Settings(db=tmp_path / "x.db", model=tmp_path), "t" * 16)
     with TestClient(app) as client:
         loading = client.get("/ready")

@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from bench.child_server import free_port
-from control import runtime
+from control import context
 from control.core.config import Settings
 from control.server import create_app, resolve_admin_token, token_file
 from tests.control.support import wait_for
@@ -30,7 +30,7 @@ def test_health_is_503_while_loading_and_after_a_failed_load(
         release.wait(10)
         raise RuntimeError("no such model")
 
-    monkeypatch.setattr(runtime, "load_runtime", slow_failing_load)
+    monkeypatch.setattr(context, "build_runtime", slow_failing_load)
     app = create_app(Settings(db=tmp_path / "x.db", model=tmp_path), "t")
     with TestClient(app) as client:
         assert client.get("/health").status_code == 503

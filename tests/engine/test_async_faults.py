@@ -10,9 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.async_engine import AsyncEngine, EngineStepError, RequestFailed
+from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
+from engine.errors import EngineStepError, RequestFailed
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.async_engine import AsyncEngine, RequestFailed
+from engine.async_engine import AsyncEngine
 from engine.batch import StepResult
 from engine.engine import LLMEngine
+from engine.errors import RequestFailed
 from engine.llm import LLM
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams

@@ -46,7 +46,7 @@ def test_streams_on_a_replica_past_its_drain_deadline_end_with_the_reason(
     ray_instance: RayAccess,  # skips (or fails in CI) without ray, like every fleet test
 ) -> None:
     from control.fleet.client import FleetEngine
-    from engine.async_engine import EngineStopped
+    from engine.errors import EngineStopped
 
     async def scenario() -> None:
         fleet = FleetEngine(handle=None, deployment="engine", front=None)  # type: ignore[arg-type]

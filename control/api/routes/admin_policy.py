@@ -49,7 +49,7 @@ def get_policy(runtime: RuntimeDep, session: SessionDep, response: Response) -> 
 
 @admin.get("/schema", response_model=PolicySchema)
 def get_schema(runtime: RuntimeDep) -> PolicySchema:
-    limits = runtime.llm_engine.limits
+    limits = runtime.service.front.limits
     return PolicySchema(
         policies=params_schemas(),
         engine_limits=EngineLimitsView(

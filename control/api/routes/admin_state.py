@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from control.api.deps import AdminDep, RuntimeDep, SessionDep
+from control.api.deps import AdminDep, RuntimeDep, ServiceDep, SessionDep
 from control.fleet.schemas import AdminState, ReplicaTotals
 from control.schemas import ADMIN_ERRORS
 from engine.kv_stats import KVIntegrity
@@ -15,21 +15,22 @@ router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], res
 
 @router.get("/state", response_model=AdminState)
 def get_state(runtime: RuntimeDep, session: SessionDep) -> AdminState:
-    snap = runtime.llm_engine.snapshot()
-    replicas = runtime.fleet.views() if runtime.fleet is not None else []
+    snap = runtime.service.snapshot()
+    fleet = runtime.service.replicas()
+    replicas = fleet.views() if fleet is not None else []
     # The snapshot's fields by name (its own reclaim log is replaced by the recorded sweeps).
     return AdminState(
         **{name: getattr(snap, name) for name in AdminState.model_fields if hasattr(snap, name)},
-        version=runtime.version,
+        version=runtime.in_force.version,
         recent_reclaims=runtime.maintenance.last_runs(session),
         replicas=replicas,
-        replica_totals=ReplicaTotals.of(replicas) if runtime.fleet is not None else None,
-        restart=runtime.fleet.restarts.view() if runtime.fleet is not None else None,
+        replica_totals=ReplicaTotals.of(replicas) if fleet is not None else None,
+        restart=fleet.restart_view() if fleet is not None else None,
     )
 
 
 @router.get("/kv/integrity", response_model=KVIntegrity)
-def get_kv_integrity(runtime: RuntimeDep) -> KVIntegrity:
+def get_kv_integrity(service: ServiceDep, runtime: RuntimeDep) -> KVIntegrity:
     """Check the KV bookkeeping at a step boundary: every block in exactly one state, ref
     counts equal to the block tables, the stored-token count consistent."""
-    return runtime.llm_engine.check_kv_integrity().result(runtime.apply_timeout_s)
+    return service.check_kv_integrity(runtime.in_force.apply_timeout_s)

@@ -25,8 +25,8 @@ from control.chat_render import ChatRenderer, RendererBusy
 from control.chat_schemas import ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse
 from control.chat_template import ChatTemplateError
 from engine.admission import check_text_size
-from engine.engine import LLMEngine
 from engine.errors import RequestRejected
+from engine.front import EngineFront
 from engine.sampling_params import SamplingParams
 
 router = APIRouter(tags=["public"], dependencies=[ApiKeyDep])
@@ -49,37 +49,40 @@ async def create_chat_completion(
             reason="invalid",
         )
     conversation = body.conversation()
-    engine = runtime.llm_engine
-    text = await _render(runtime.renderer, engine, conversation, body.add_generation_prompt)
-    token_ids = await run_in_threadpool(_prompt_token_ids, engine, text)
+    front = runtime.service.front
+    text = await _render(runtime.renderer, front, conversation, body.add_generation_prompt)
+    token_ids = await run_in_threadpool(_prompt_token_ids, front, text)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    params = engine_params(body, engine.limits.max_model_len - len(token_ids))
+    params = engine_params(body, front.limits.max_model_len - len(token_ids))
     settings = ctx.settings
     check_request_cost(
         RequestCost.of([len(token_ids)], params.n, params.max_tokens, params.logprobs),
         settings.max_request_tokens,
         settings.max_logprob_entries,
-        engine.limits.max_model_len,
+        front.limits.max_model_len,
         CostFields(tokens=body.output_limit_field, logprobs="top_logprobs"),
     )
     try:
-        stream = runtime.engine.add_request(token_ids, params, request_id)
+        stream = runtime.service.add_request(token_ids, params, request_id)
     except RequestRejected as exc:  # the engine names its own fields
         names = {"prompt": "messages", "max_tokens": body.output_limit_field}
         renamed = RequestRejected(str(exc), names.get(exc.param, exc.param))
         renamed.code = rejection_code(exc)  # type: ignore[attr-defined]
         raise renamed from exc
-    render = Render(body, engine)
+    render = Render(body, front)
     return await ANSWERS.answer(
         body, request_id, runtime, stream, render, request, len(token_ids), render.roles()
     )
 
 
 async def _render(
-    renderer: ChatRenderer, engine: LLMEngine, conversation: list[dict], add_generation_prompt: bool
+    renderer: ChatRenderer,
+    front: EngineFront,
+    conversation: list[dict],
+    add_generation_prompt: bool,
 ) -> str:
     """The conversation's prompt text; every way the template can fail is a 400."""
-    model_dir = Path(engine.config.tokenizer or engine.config.model)  # --tokenizer: its template
+    model_dir = Path(front.config.tokenizer or front.config.model)  # --tokenizer: its template
     try:
         return await renderer.render(model_dir, conversation, add_generation_prompt)
     except RendererBusy as exc:
@@ -111,15 +114,15 @@ async def _render(
         raise _template_error(message) from exc
 
 
-def _prompt_token_ids(engine: LLMEngine, text: str) -> list[int]:
+def _prompt_token_ids(front: EngineFront, text: str) -> list[int]:
     """The rendered text tokenized (on a worker thread: it takes CPU time)."""
-    if engine.tokenizer is None:
+    if front.tokenizer is None:
         raise RequestRejected("this model has no tokenizer: chat needs one", "messages")
     try:
-        check_text_size(text, engine.max_prompt_bytes, engine.limits.max_model_len)
+        check_text_size(text, front.max_prompt_bytes, front.limits.max_model_len)
     except RequestRejected as exc:
         raise RequestRejected(f"the rendered messages: {exc}", "messages") from exc
-    return engine.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
+    return front.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
 
 
 def _template_error(message: str) -> ApiError:

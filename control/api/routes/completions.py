@@ -36,19 +36,19 @@ async def create_completion(
     body: CompletionRequest, runtime: RuntimeDep, ctx: ContextDep, request: Request
 ):
     check_request(body, runtime, ctx.settings)
-    engine = runtime.llm_engine
-    token_ids = await prompt_token_ids(body.prompt, engine)
+    front = runtime.service.front
+    token_ids = await prompt_token_ids(body.prompt, front)
     settings = ctx.settings
     cost = RequestCost.of([len(token_ids)], body.n, body.max_tokens, body.logprobs, body.echo)
     check_request_cost(
         cost,
         settings.max_request_tokens,
         settings.max_logprob_entries,
-        engine.limits.max_model_len,
+        front.limits.max_model_len,
     )
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    stream = runtime.engine.add_request(token_ids, engine_params(body), request_id)
-    render = Render(body, engine.tokenizer, token_ids)
+    stream = runtime.service.add_request(token_ids, engine_params(body), request_id)
+    render = Render(body, front.tokenizer, token_ids)
     return await ANSWERS.answer(body, request_id, runtime, stream, render, request, len(token_ids))
 
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException
 
 from control.api.allow import answer_other_methods
-from control.api.deps import AdminDep, RuntimeDep
+from control.api.deps import NO_REPLICAS, AdminDep, ReplicasDep
 from control.fleet.schemas import RestartView
 from control.schemas import ADMIN_ERRORS, AdminError
 
 admin = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS)
 
-NO_FLEET = "this server runs one engine: a restart needs --replicas"
-REFUSED = f"{NO_FLEET}; or a restart is running, or no replica is up"
+REFUSED = f"{NO_REPLICAS}; or a restart is running, or no replica is up"
 
 
 @admin.post(
@@ -22,16 +21,14 @@ REFUSED = f"{NO_FLEET}; or a restart is running, or no replica is up"
     response_model=RestartView,
     responses={409: {"model": AdminError, "description": REFUSED}},
 )
-def restart_fleet(runtime: RuntimeDep) -> RestartView:
+def restart_fleet(replicas: ReplicasDep) -> RestartView:
     """Restart every replica, one at a time: it leaves routing, its requests finish (for up to
     ``fleet_drain_timeout_s``), a new one starts on the policy version in force, and the next
     goes once that one is up. Answers at once with the replicas it restarts."""
-    if runtime.fleet is None:
-        raise HTTPException(409, NO_FLEET)
     from control.fleet.restart import RestartRefused
 
     try:
-        return runtime.fleet.restart()
+        return replicas.restart()
     except RestartRefused as exc:
         raise HTTPException(409, str(exc)) from None
 

@@ -20,13 +20,13 @@ router = APIRouter(tags=["public"])
 @router.get("/health", response_model=Health, responses={503: {"model": HealthLoading}})
 def health(ctx: ContextDep):
     runtime = ctx.runtime
-    if runtime is None or not runtime.engine.is_running:
+    if runtime is None or not runtime.service.is_running:
         status = "loading" if runtime is None and ctx.load_error is None else "failed"
         return JSONResponse(HealthLoading(status=status).model_dump(), status_code=503)
     return Health(
         model=runtime.model_name,
-        policy=runtime.llm_engine.policy_spec.name,
-        version=runtime.version,
+        policy=runtime.in_force.settings.policy.name,
+        version=runtime.in_force.version,
         reclaim_job_on_time=runtime.maintenance.on_time(),
     )
 

@@ -23,5 +23,5 @@ def metrics(ctx: ContextDep) -> Response:
     snapshot = None
     if ctx.runtime is not None:
         with contextlib.suppress(TimeoutError):  # the collector keeps the last snapshot
-            snapshot = ctx.runtime.llm_engine.snapshot(timeout=SNAPSHOT_WAIT_S)
+            snapshot = ctx.runtime.service.snapshot(timeout=SNAPSHOT_WAIT_S)
     return Response(ctx.metrics.render(snapshot), media_type=CONTENT_TYPE_LATEST)

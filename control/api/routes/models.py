@@ -17,6 +17,6 @@ def list_models(runtime: RuntimeDep) -> ModelList:
         id=runtime.model_name,
         created=runtime.created,
         root=runtime.model_name,
-        max_model_len=runtime.llm_engine.limits.max_model_len,
+        max_model_len=runtime.service.front.limits.max_model_len,
     )
     return ModelList(data=[card])

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from sqlalchemy import Engine, event
 
-from control.api.deps import AdminDep, ContextDep, RuntimeDep
+from control.api.deps import AdminDep, ContextDep, ServiceDep, TestingDep
 from control.models import utcnow
 from control.schemas import ADMIN_ERRORS, LeakResult, StallResult, StorePages
 
@@ -18,21 +18,19 @@ router = APIRouter(
 
 
 @router.post("/leak/{request_id}", response_model=LeakResult)
-def leak(request_id: str, runtime: RuntimeDep) -> LeakResult:
+def leak(request_id: str, service: ServiceDep, hooks: TestingDep) -> LeakResult:
     """Drop a request without freeing its KV blocks: what the reclaim sweep must repair."""
-    rows = runtime.llm_engine.snapshot().requests
+    rows = service.snapshot().requests
     blocks = next((row.blocks for row in rows if row.id == request_id), 0)
-    leaked = runtime.engine.leak(request_id)
+    leaked = hooks.leak(request_id)
     return LeakResult(request_id=request_id, leaked=leaked, blocks=blocks, at=utcnow())
 
 
 @router.post("/stall", response_model=StallResult)
-def stall_engine(
-    runtime: RuntimeDep, seconds: Annotated[float, Query(gt=0, le=600)]
-) -> StallResult:
+def stall_engine(hooks: TestingDep, seconds: Annotated[float, Query(gt=0, le=600)]) -> StallResult:
     """Block the engine loop for ``seconds`` in its next step with requests in flight (what
     the stall watchdog must notice); answers at once."""
-    runtime.engine.stall(seconds)
+    hooks.stall(seconds)
     return StallResult(seconds=seconds, at=utcnow())
 
 
