@@ -135,6 +135,7 @@ class Fleet(EngineService, ReplicaControl):
                 raise RuntimeError(f"replica {replica}: {result}") from result
         self.in_force, self.version = settings, version
         self.applied_at = time.monotonic()
+        self.front.config.memory_reserve = settings.memory_reserve  # admission reads it
 
     def converge(self) -> None:
         """Push the version in force to every replica that reports another one."""

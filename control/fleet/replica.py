@@ -16,7 +16,6 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +27,10 @@ from engine.sampling_params import SamplingParams
 from engine.snapshot import EngineSnapshot
 
 log = logging.getLogger(__name__)
+
+APPLY_WAIT_S = 3600.0
+"""How long a replica's call waits for its engine's step boundary (the control plane's own
+timeout answers the client long before; the replica's call just finishes)."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class EngineReplica:
         """``settings`` and ``version``: the version in force when the fleet was deployed. Ray
         restarts a dead replica with these same arguments; the control plane's reconcile job
         then pushes the active version to it (it reports the version it runs)."""
-        from engine.async_engine import AsyncEngine  # the model code loads in the replica only
+        from control.local_engine import LocalEngine  # the model code loads in the replica only
         from engine.engine import LLMEngine
 
         in_force = PolicySettings.model_validate(settings)
@@ -64,13 +67,12 @@ class EngineReplica:
         self.engine.set_policy(in_force.policy, version=version).result()
         self.engine.set_memory_reserve(in_force.memory_reserve).result()
         self.version: int | None = version
-        self.in_force = in_force
         self.started_at = time.time()
         self.last_reclaim: ReclaimResult | None = None
         self._apply_lock = threading.Lock()
-        self._pending: tuple[int, list[Future]] | None = None
-        self.async_engine = AsyncEngine(self.engine)
-        self.async_engine.start()
+        self.local = LocalEngine(self.engine, in_force)
+        """The replica's engine as one server's (its loop, versions put in force)."""
+        self.local.start()
         log.info("replica %s serving with policy version %d", self.id, version)
 
     # -- requests ------------------------------------------------------------------------
@@ -85,7 +87,7 @@ class EngineReplica:
         """This replica's id once the engine admitted the request (``QueueFull`` comes before
         it: the control plane still answers 429), then its outputs (``route``: the router's
         hint)."""
-        stream = self.async_engine.add_request(token_ids, params, request_id)
+        stream = self.local.add_request(token_ids, params, request_id)
         try:
             yield self.id
             async for output in stream:
@@ -113,22 +115,13 @@ class EngineReplica:
         with self._apply_lock:
             if self.version == version:
                 return version
-            if self._pending is None or self._pending[0] != version:
-                futures = [self.engine.set_policy(settings.policy, version=version)]
-                if settings.memory_reserve != self.in_force.memory_reserve:
-                    futures.append(self.engine.set_memory_reserve(settings.memory_reserve))
-                self._pending = (version, futures)
-            try:
-                for future in self._pending[1]:
-                    future.result()
-            finally:
-                self._pending = None
-            self.in_force, self.version = settings, version
+            self.local.apply(settings, version, APPLY_WAIT_S)
+            self.version = version
         log.info("replica %s: policy version %d in force", self.id, version)
         return version
 
     async def report(self, replica: str | None = None) -> ReplicaReport:
-        snapshot = await asyncio.to_thread(self.engine.snapshot)
+        snapshot = await asyncio.to_thread(self.local.snapshot)
         return ReplicaReport(
             replica=self.id,
             pid=os.getpid(),
@@ -139,10 +132,10 @@ class EngineReplica:
         )
 
     async def check_kv_integrity(self, replica: str | None = None) -> KVIntegrity:
-        return await asyncio.wrap_future(self.engine.check_kv_integrity())
+        return await asyncio.to_thread(self.local.check_kv_integrity, APPLY_WAIT_S)
 
     async def reclaim(self, replica: str | None = None) -> ReclaimResult:
-        self.last_reclaim = await asyncio.wrap_future(self.engine.reclaim())
+        self.last_reclaim = await asyncio.wrap_future(self.local.reclaim())
         return self.last_reclaim
 
     async def record_routing_stats(self) -> dict[str, Any]:
@@ -160,6 +153,6 @@ class EngineReplica:
         return await asyncio.wrap_future(self.engine.commands.submit(read))
 
     def __del__(self) -> None:
-        engine = getattr(self, "async_engine", None)
-        if engine is not None:
-            engine.shutdown()
+        local = getattr(self, "local", None)
+        if local is not None:
+            local.close()
