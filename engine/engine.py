@@ -28,8 +28,9 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import QueueFull, RequestRejected
 from engine.families import Family, child_seed
 from engine.front import EngineFront, Prompt
-from engine.kv_cache import BlockManager, StepChanges
+from engine.kv_cache import BlockManager
 from engine.kv_stats import KVIntegrity, KVStats, ReclaimResult
+from engine.kv_step import StepChanges
 from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from engine.runner import Runner
 from engine.sampling_params import SamplingParams

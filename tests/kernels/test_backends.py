@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from engine.kv_cache import allocate_kv_cache
+from engine.kv_pool import allocate_kv_cache
 from kernels import reference
 from kernels.attention import AttentionInputs, make_attention_backend
 from kernels.decode_gather import length_buckets

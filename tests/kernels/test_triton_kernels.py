@@ -14,7 +14,7 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from engine.kv_cache import allocate_kv_cache
+from engine.kv_pool import allocate_kv_cache
 from kernels import reference
 from kernels.attention import (
     AttentionInputs,
