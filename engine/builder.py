@@ -36,7 +36,7 @@ from engine.parallel.shard import SINGLE, Shard, check_divisible
 from engine.parallel.world import TensorParallelWorld
 from engine.runner import ModelRunner
 from engine.sampler import Sampler
-from kernels.attention import resolve_backend
+from kernels.registry import resolve_backend
 
 log = logging.getLogger(__name__)
 
