@@ -28,7 +28,7 @@ from engine.config import EngineConfig, EngineLimits
 from engine.front import checkpoint_tokenizer, eos_token_ids, preset_parts
 from engine.host_memory import retain_freed_memory
 from engine.kv_budget import kv_limits
-from engine.kv_cache import allocate_kv_cache, kv_bytes_per_block
+from engine.kv_pool import allocate_kv_cache, kv_bytes_per_block
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import build_model, load_model
@@ -36,7 +36,7 @@ from engine.parallel.shard import SINGLE, Shard, check_divisible
 from engine.parallel.world import TensorParallelWorld
 from engine.runner import ModelRunner
 from engine.sampler import Sampler
-from kernels.attention import resolve_backend
+from kernels.registry import resolve_backend
 
 log = logging.getLogger(__name__)
 

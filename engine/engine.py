@@ -26,10 +26,11 @@ from engine.commands import CommandQueue
 from engine.config import EngineConfig, EngineLimits, config_options
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import QueueFull, RequestRejected
-from engine.families import Family, child_seed
+from engine.families import Families, child_seed
 from engine.front import EngineFront, Prompt
-from engine.kv_cache import BlockManager, StepChanges
+from engine.kv_cache import BlockManager
 from engine.kv_stats import KVIntegrity, KVStats, ReclaimResult
+from engine.kv_step import StepChanges
 from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from engine.runner import Runner
 from engine.sampling_params import SamplingParams
@@ -82,8 +83,8 @@ class LLMEngine:
         self.started_at = clock()
         self.wakeup = threading.Event()
         self._sequences: dict[str, Sequence] = {}
-        self._families: dict[str, Family] = {}
-        """Requests with ``n`` > 1 (engine/families.py), by request id, until they end."""
+        self.families = Families()
+        """Requests with ``n`` > 1 (engine/families.py), until they end."""
         self._inbox: deque[Sequence] = deque()
         self._inbox_lock = threading.Lock()
         self.commands = CommandQueue(self.wakeup, self._drain_inbox)
@@ -293,7 +294,8 @@ class LLMEngine:
         failed: list[Sequence] = []
         forked: list[Sequence] = []
         failed_rows = result.failed
-        families = self._families
+        families = self.families
+        forking = bool(families)
         for entry in batch.entries:  # hot: once per sequence per step
             if not entry.sample:
                 continue
@@ -308,15 +310,15 @@ class LLMEngine:
             seq.append_token(token, now, logprob)
             if self._check_stop(seq, token, now):
                 finished.append(seq)
-            if not families or seq.request_id not in families:
+            siblings = (
+                families.on_token(seq, self.blocks, self._new_sequence, self._sequences, forked)
+                if forking
+                else None
+            )
+            if siblings is None:
                 outputs.append(RequestOutput.of(seq, [token]))
-                continue
-            family = families[seq.request_id]
-            if seq.index == 0 and len(seq.token_ids) - len(seq.prompt_token_ids) == 1:
-                forked.extend(family.fork(seq, self.blocks, self._new_sequence, self._sequences))
-            if seq.is_finished:
-                family.live -= 1
-            outputs.append(RequestOutput.of(seq, [token], None, family.siblings_running(seq)))
+            else:
+                outputs.append(RequestOutput.of(seq, [token], None, siblings))
         if forked:
             self.policy.adopt(forked)
         blocks = self.blocks  # after the step's writes, before finished requests leave
@@ -325,16 +327,12 @@ class LLMEngine:
         for seq in failed:
             self.policy.abort(seq.seq_id)  # frees its blocks
             seq.finish("error", now)
-            siblings = self._left_family(seq)
+            siblings = families.left(seq)
             outputs.append(RequestOutput.of(seq, [], result.failed[seq.seq_id], siblings))
         self.policy.on_step_done(batch, finished)
         for seq in finished + failed:
             self._sequences.pop(seq.seq_id, None)
             self.stats.record_finish(RequestMetrics.of(seq), seq.num_output_tokens)
-        for seq in finished:
-            family = families.get(seq.request_id) if families else None
-            if family is not None and family.live == 0:
-                del families[seq.request_id]
         return outputs
 
     def _record_prompt_logprobs(
@@ -349,17 +347,6 @@ class LLMEngine:
             known = seq.prompt_logprobs
             if start <= len(known) < start + len(entries):
                 known.extend(entries[len(known) - start :])
-
-    def _left_family(self, seq: Sequence) -> int:
-        """``seq`` ended (error or abort): how many of its request's sequences still run
-        (0 for a request of one); a request with none left is forgotten."""
-        family = self._families.get(seq.request_id)
-        if family is None:
-            return 0
-        family.live -= 1
-        if family.live == 0:
-            del self._families[seq.request_id]
-        return family.live
 
     def _check_stop(self, seq: Sequence, token: int, now: float) -> bool:
         """Finish ``seq`` if ``token`` ends it; returns whether it did."""
@@ -421,8 +408,7 @@ class LLMEngine:
             for seq in arrived:
                 self._sequences[seq.seq_id] = seq
         for seq in arrived:
-            if seq.params.n > 1:
-                self._families[seq.request_id] = Family(seq.request_id, [seq], live=1)
+            self.families.admit(seq)
             self.policy.add(seq)
 
     def _queued(self) -> list[Sequence]:
@@ -470,10 +456,8 @@ class LLMEngine:
     def _abort(self, request_id: str) -> bool:
         """Abort every unfinished sequence of the request (all ``n`` of them)."""
         self._drain_inbox()
-        family = self._families.get(request_id)
-        if family is not None:
-            seqs = family.unfinished()
-        else:
+        seqs = self.families.unfinished(request_id)
+        if seqs is None:
             seq = self._sequences.get(request_id)
             seqs = [] if seq is None else [seq]
         now = self.clock()
@@ -481,7 +465,7 @@ class LLMEngine:
             self._sequences.pop(seq.seq_id, None)
             self.policy.abort(seq.seq_id)
             seq.finish("abort", now)
-            siblings = self._left_family(seq)
+            siblings = self.families.left(seq)
             self._pending_outputs.append(RequestOutput.of(seq, [], None, siblings))
             self.stats.record_finish(RequestMetrics.of(seq), seq.num_output_tokens)
         return bool(seqs)

@@ -85,3 +85,62 @@ class Family:
         self.seqs.extend(children)
         self.live += len(children)
         return children
+
+
+class Families:
+    """The engine's requests with ``n`` > 1, by request id, from admission until their last
+    sequence ends; the engine tells it when a sequence arrives, samples a token, or ends early
+    (error or abort). A request of one sequence is never in it."""
+
+    def __init__(self) -> None:
+        self._by_request: dict[str, Family] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._by_request)
+
+    def __len__(self) -> int:
+        return len(self._by_request)
+
+    def admit(self, seq: Sequence) -> None:
+        """A request's first sequence joined the engine."""
+        if seq.params.n > 1:
+            self._by_request[seq.request_id] = Family(seq.request_id, [seq], live=1)
+
+    def on_token(
+        self,
+        seq: Sequence,
+        blocks: BlockManager,
+        new_sequence: NewSequence,
+        sequences: MutableMapping[str, Sequence],
+        forked: list[Sequence],
+    ) -> int | None:
+        """``seq`` appended a token (its stop checked). The first sequence's first token forks
+        the others into ``forked`` (``Family.fork``); a finished one counts out. Returns how
+        many of its siblings still run (None: ``seq`` is a request of one)."""
+        family = self._by_request.get(seq.request_id)
+        if family is None:
+            return None
+        if seq.index == 0 and len(seq.token_ids) - len(seq.prompt_token_ids) == 1:
+            forked.extend(family.fork(seq, blocks, new_sequence, sequences))
+        if seq.is_finished:
+            self._count_out(family)
+        return family.siblings_running(seq)
+
+    def left(self, seq: Sequence) -> int:
+        """``seq`` ended early (error or abort): how many of its request's sequences still
+        run (0 for a request of one)."""
+        family = self._by_request.get(seq.request_id)
+        if family is None:
+            return 0
+        self._count_out(family)
+        return family.live
+
+    def unfinished(self, request_id: str) -> list[Sequence] | None:
+        """The request's unfinished sequences (None: it is not a request of ``n`` > 1)."""
+        family = self._by_request.get(request_id)
+        return None if family is None else family.unfinished()
+
+    def _count_out(self, family: Family) -> None:
+        family.live -= 1
+        if family.live == 0:  # the request is over: forget it
+            del self._by_request[family.request_id]

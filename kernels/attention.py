@@ -1,6 +1,6 @@
 """Attention backends: the one object the model calls to write this step's K/V and attend.
 
-A backend is chosen once, when the runner is built (``make_attention_backend``), and owns
+A backend is chosen once, when the runner is built (``kernels.registry.make_backend``), and owns
 the KV pool's layers and whatever it keeps between steps. Each step the runner describes
 the batch on the host (``AttentionInputs``: decode rows first, then prefill chunks); the
 backend's ``prepare`` turns that into the ``AttentionMetadata`` every layer shares, and each
@@ -10,42 +10,12 @@ against.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import os
-import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Generic, Literal, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 import torch
-
-from kernels import reference
-
-Backend = Literal["torch", "triton"]
-BackendChoice = Literal["auto", "torch", "triton"]
-
-
-def triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
-def resolve_backend(choice: BackendChoice, device: torch.device) -> Backend:
-    """``auto`` picks Triton on CUDA and the torch backend everywhere else."""
-    if choice == "torch":
-        return "torch"
-    if choice == "triton":
-        if not triton_available():
-            raise ValueError("attention_backend='triton' needs the triton package")
-        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError(
-                "attention_backend='triton' off CUDA needs TRITON_INTERPRET=1 set before "
-                "triton is imported (the interpreter; slow, for tests)"
-            )
-        return "triton"
-    if choice != "auto":
-        raise ValueError(f"attention_backend must be auto, torch or triton, not {choice!r}")
-    return "triton" if device.type == "cuda" and triton_available() else "torch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,54 +152,3 @@ class AttentionBackend(ABC, Generic[M]):
         dst = torch.tensor([d for _, d in copies], device=self.device)
         for cache in self.kv_caches:
             cache[:, dst] = cache[:, src]
-
-
-def make_attention_backend(
-    name: Backend, kv_caches: list[torch.Tensor], block_size: int
-) -> AttentionBackend:
-    """The backend ``resolve_backend`` named, over this pool."""
-    if name == "triton":
-        from kernels.triton_backend import TritonAttentionBackend
-
-        return TritonAttentionBackend(kv_caches, block_size)
-    if name == "torch":
-        from kernels.torch_backend import TorchAttentionBackend
-
-        return TorchAttentionBackend(kv_caches, block_size)
-    raise ValueError(f"unknown attention backend {name!r}")
-
-
-def paged_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    kv_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-) -> torch.Tensor:
-    """Deprecated: use an ``AttentionBackend``'s ``forward``. One layer's write and attention
-    (``kv_cache`` ``[2, num_blocks, block_size, kv_heads, dim]``) through the plain oracle."""
-    warnings.warn(
-        "kernels.attention.paged_attention is deprecated; use AttentionBackend.forward",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    k_cache, v_cache = kv_cache[0], kv_cache[1]
-    reference.write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
-    n = meta.num_decode_tokens
-    out = torch.empty_like(query)
-    if n:
-        out[:n] = reference.decode_attention(
-            query[:n], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale
-        )
-    if n < query.shape[0]:
-        out[n:] = reference.prefill_attention(
-            query[n:],
-            k_cache,
-            v_cache,
-            meta.prefill_block_tables,
-            meta.prefill_seq_lens,
-            meta.prefill_query_start_loc,
-            scale,
-        )
-    return out

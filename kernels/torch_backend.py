@@ -1,6 +1,6 @@
 """The torch attention backend: the CPU path (any device torch runs on, no Triton).
 
-It needs the pool stored head-major (``engine.kv_cache.allocate_kv_cache`` does) and owns
+It needs the pool stored head-major (``engine.kv_pool.allocate_kv_cache`` does) and owns
 the decode gather buffers (``kernels.decode_gather``): each decode row keeps a slot in its
 length bucket across steps, so a step copies in only what changed (``gathers.stats()``).
 """
@@ -38,7 +38,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             if k_storage is None or v_storage is None:
                 raise ValueError(
                     f"the torch attention backend needs a head-major pool (layer {layer}); "
-                    "allocate it with engine.kv_cache.allocate_kv_cache"
+                    "allocate it with engine.kv_pool.allocate_kv_cache"
                 )
             self.storages.append((k_storage, v_storage))
         if gather_budget_bytes is None:

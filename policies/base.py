@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from engine.batch import ScheduledBatch, ScheduledSeq
 from engine.config import EngineLimits
-from engine.kv_cache import BlockManager, StepChanges
+from engine.kv_cache import BlockManager
+from engine.kv_step import StepChanges
 from engine.sequence import NO_BLOCKS, Sequence, SequenceStatus
 
 PolicyName = Literal["static", "dynamic", "continuous", "hybrid"]

@@ -54,7 +54,7 @@ def run_engine(s: Shapes, device: torch.device, timeout_s: int) -> dict[str, Any
     from engine.engine import LLMEngine
     from engine.sampling_params import SamplingParams
     from engine.stats import percentile
-    from kernels.attention import resolve_backend
+    from kernels.registry import resolve_backend
 
     preset = PRESETS[s.engine_preset]
     prompts = [

@@ -16,7 +16,7 @@ from control.core.db import make_engine
 from control.maintenance import Maintenance
 from control.metrics import ControlMetrics
 from control.models import MaintenanceRun
-from engine.kv_cache import ReclaimResult
+from engine.kv_stats import ReclaimResult
 from tests.control.support import wait_for
 
 

@@ -22,7 +22,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from engine.kv_cache import BlockManager, BlockState
+from engine.kv_cache import BlockManager
+from engine.kv_stats import BlockState
 
 BLOCK = 4
 TOKENS = st.lists(st.integers(0, 2), min_size=1, max_size=14)

@@ -76,7 +76,8 @@ def test_given_kv_size_and_the_pool_check_equal_the_engine(tiny_model_dir: Path)
 
 def test_a_front_reads_no_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A folder whose weights file is cut after its header still gives the whole front (the
-    engine's build, which reads the tensors, refuses it), and building it imports no torch."""
+    engine's build, which reads the tensors, refuses it), and building it imports no torch
+    (nor does the KV pool's bookkeeping, engine/kv_cache.py and engine/kv_step.py)."""
     cut = tmp_path / "cut"
     shutil.copytree(tiny_model_dir, cut)
     weights = cut / "model.safetensors"
@@ -92,6 +93,7 @@ def test_a_front_reads_no_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
         "import sys\n"
         "from engine.config import EngineConfig\n"
         "from engine.front import EngineFront\n"
+        "import engine.kv_cache, engine.kv_step  # the KV bookkeeping: no torch either\n"
         f"front = EngineFront.from_config(EngineConfig(model={str(cut)!r}))\n"
         "assert front.tokenize('hello') and front.limits.num_kv_blocks > 0\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])\n"

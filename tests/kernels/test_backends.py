@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from engine.kv_cache import allocate_kv_cache
+from engine.kv_pool import allocate_kv_cache
 from kernels import reference
-from kernels.attention import AttentionInputs, make_attention_backend
+from kernels.attention import AttentionInputs
 from kernels.decode_gather import length_buckets
+from kernels.registry import make_backend
 from kernels.torch_backend import TorchAttentionBackend
 
 HEADS, KV_HEADS, DIM, BLOCK, LAYERS, NUM_BLOCKS = 4, 2, 32, 16, 2, 64
@@ -47,7 +48,7 @@ class World:
         if backend_kwargs:
             self.backend = TorchAttentionBackend(self.pools, BLOCK, **backend_kwargs)
         else:
-            self.backend = make_attention_backend(backend, self.pools, BLOCK)  # type: ignore[arg-type]
+            self.backend = make_backend(backend, self.pools, BLOCK)  # type: ignore[arg-type]
         self.name = backend
         self.gen = gen
         self.free = list(range(NUM_BLOCKS))
@@ -223,7 +224,7 @@ def test_torch_backend_without_budget_shares_buffers_and_never_keeps() -> None:
 def test_torch_backend_refuses_a_token_major_pool() -> None:
     pools = [torch.zeros(2, 4, BLOCK, KV_HEADS, DIM)]
     with pytest.raises(ValueError, match="head-major"):
-        make_attention_backend("torch", pools, BLOCK)
+        make_backend("torch", pools, BLOCK)
 
 
 def test_length_buckets() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kv_cache import allocate_kv_cache
+from engine.kv_pool import allocate_kv_cache
 from kernels import reference
 from kernels.torch_attention import head_major as head_major_storage
 

@@ -14,15 +14,10 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from engine.kv_cache import allocate_kv_cache
+from engine.kv_pool import allocate_kv_cache
 from kernels import reference
-from kernels.attention import (
-    AttentionInputs,
-    build_metadata,
-    make_attention_backend,
-    paged_attention,
-    resolve_backend,
-)
+from kernels.attention import AttentionInputs, AttentionMetadata, build_metadata
+from kernels.registry import make_backend, resolve_backend
 from kernels.triton import ops
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,6 +43,38 @@ class Case(NamedTuple):
     head_dim: int
     context: str
     table: str
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """One layer's write and attention (``kv_cache`` ``[2, num_blocks, block_size, kv_heads,
+    dim]``) through the plain oracle: what a backend's ``forward`` must equal (once product
+    code as ``kernels.attention.paged_attention``; only this test still uses it)."""
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    reference.write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
+    n = meta.num_decode_tokens
+    out = torch.empty_like(query)
+    if n:
+        out[:n] = reference.decode_attention(
+            query[:n], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale
+        )
+    if n < query.shape[0]:
+        out[n:] = reference.prefill_attention(
+            query[n:],
+            k_cache,
+            v_cache,
+            meta.prefill_block_tables,
+            meta.prefill_seq_lens,
+            meta.prefill_query_start_loc,
+            scale,
+        )
+    return out
 
 
 def pairwise(factors: dict[str, tuple]) -> list[tuple]:
@@ -362,7 +389,7 @@ def test_triton_backend_matches_torch_backend_on_mixed_batch() -> None:
     scale = 0.125
     outputs = []
     for name, cache in (("torch", torch_cache), ("triton", triton_cache)):
-        backend = make_attention_backend(name, [cache], 16)
+        backend = make_backend(name, [cache], 16)
         outputs.append(backend.forward(0, query, key, value, backend.prepare(inputs), scale))
 
     assert torch.equal(triton_cache, torch_cache)
@@ -370,7 +397,6 @@ def test_triton_backend_matches_torch_backend_on_mixed_batch() -> None:
 
     plain_cache = kv_cache.clone()
     meta = build_metadata(inputs, torch.device("cpu"))
-    with pytest.deprecated_call():
-        plain = paged_attention(query, key, value, plain_cache, meta, scale)
+    plain = paged_attention(query, key, value, plain_cache, meta, scale)
     assert torch.equal(plain_cache, torch_cache)
     assert_matches(plain, outputs[0], torch.float32)
