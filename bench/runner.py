@@ -26,7 +26,7 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.errors import QueueFull, RequestRejected
 from engine.faults import leak_sequence
-from engine.kv_cache import ReclaimResult
+from engine.kv_stats import ReclaimResult
 from engine.outputs import RequestMetrics
 from engine.sampling_params import SamplingParams
 from engine.stats import StepRecord
