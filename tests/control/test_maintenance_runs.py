@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
+from typing import get_type_hints
 
 import pytest
 from sqlalchemy import Engine
@@ -119,6 +120,8 @@ def test_a_recorded_run_carries_the_engine_sweeps_figures_by_their_names() -> No
     assert list(ReclaimRun.model_fields) == recorded
     columns = SQLModel.metadata.tables["maintenance_run"].columns
     assert [c.name for c in columns] == [*recorded, "id", "job_id"]
+    for name, kind in get_type_hints(ReclaimResult).items():
+        assert ReclaimRunBase.model_fields[name].annotation in (kind, kind | None), name
     result = ReclaimResult(2, 1, 10, 13, True, 0.001)
     run = ReclaimRun.of(result, utcnow(), "manual")
     assert [getattr(run, name) for name in figures] == list(dataclasses.astuple(result))
