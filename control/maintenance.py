@@ -30,7 +30,7 @@ from sqlmodel import Session, col, delete, select
 
 from control.engine_service import EngineService
 from control.metrics import ControlMetrics
-from control.models import MaintenanceRun, as_utc, utcnow
+from control.models import MaintenanceRun, ReclaimTrigger, as_utc, utcnow
 from control.schemas import JobView, ReclaimRun
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class Maintenance:
     def _scheduled_run(self) -> None:
         self.run("scheduled")
 
-    def run(self, trigger: str) -> ReclaimRun:
+    def run(self, trigger: ReclaimTrigger) -> ReclaimRun:
         """One sweep; an engine failure is recorded and raised."""
         at = utcnow()
         started = self._clock()
@@ -136,26 +136,9 @@ class Maintenance:
         try:
             result = self._engine.reclaim().result(RECLAIM_TIMEOUT_S)
         except Exception as exc:
-            run = ReclaimRun(
-                at=at,
-                trigger=trigger,  # type: ignore[arg-type]
-                outcome="error",
-                duration_s=self._clock() - started,
-                error=f"{type(exc).__name__}: {exc}",
-            )
-            self._record(run)
+            self._record(ReclaimRun.failed(at, trigger, self._clock() - started, exc))
             raise
-        run = ReclaimRun(
-            at=at,
-            trigger=trigger,  # type: ignore[arg-type]
-            outcome="ok",
-            freed=result.freed,
-            evicted=result.evicted,
-            free_before=result.free_before,
-            free_after=result.free_after,
-            reserve_breached=result.reserve_breached,
-            duration_s=result.duration_s,
-        )
+        run = ReclaimRun.of(result, at, trigger)
         self._record(run)
         if run.freed or run.evicted or run.reserve_breached:
             log.info(
@@ -173,7 +156,7 @@ class Maintenance:
         self._metrics.count_reclaim(run.outcome, run.freed, run.evicted)
         try:
             with Session(self._db) as session:
-                row = MaintenanceRun(job_id=JOB_ID, **run.model_dump())
+                row = MaintenanceRun.model_validate(run, update={"job_id": JOB_ID})
                 session.add(row)
                 session.commit()
                 assert row.id is not None

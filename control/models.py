@@ -3,11 +3,14 @@ revisions in ``migrations/``; ``alembic check`` in the tests keeps these and the
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, Self
 
 from sqlalchemy import JSON, DateTime
-from sqlmodel import Field, SQLModel
+from sqlmodel import AutoString, Field, SQLModel
+
+from engine.kv_stats import ReclaimResult
 
 # Before any table is declared: constraint names must be stable for batch migrations on SQLite.
 SQLModel.metadata.naming_convention = {
@@ -64,16 +67,19 @@ class PolicyVersion(SQLModel, table=True):
     state_at: datetime | None = timestamp_field(default=None, description="When state was set.")
 
 
-class MaintenanceRun(SQLModel, table=True):
-    """One row per maintenance run; only the newest ``maintenance_retention`` rows are kept."""
+ReclaimTrigger = Literal["scheduled", "manual"]
+ReclaimOutcome = Literal["ok", "error"]
 
-    __tablename__ = "maintenance_run"
 
-    id: int | None = Field(default=None, primary_key=True)
-    job_id: str = Field(index=True)
+class ReclaimRunBase(SQLModel):
+    """One reclaim sweep the control plane ran: when, why, how it ended, and what the engine's
+    sweep did (``engine.kv_stats.ReclaimResult``'s fields by its names; the pool counts are
+    None and the blocks 0 when it failed). Declared once for the table (``MaintenanceRun``)
+    and the API's answer (``schemas.ReclaimRun``)."""
+
     at: datetime = timestamp_field(index=True)
-    trigger: str
-    outcome: str
+    trigger: ReclaimTrigger = Field(sa_type=AutoString)
+    outcome: ReclaimOutcome = Field(sa_type=AutoString)
     freed: int = 0
     evicted: int = 0
     free_before: int | None = None
@@ -81,6 +87,34 @@ class MaintenanceRun(SQLModel, table=True):
     reserve_breached: bool = False
     duration_s: float = 0.0
     error: str | None = None
+
+    @classmethod
+    def of(cls, result: ReclaimResult, at: datetime, trigger: ReclaimTrigger) -> Self:
+        """A sweep that ran: the engine's figures as they are."""
+        figures = {f.name: getattr(result, f.name) for f in dataclasses.fields(ReclaimResult)}
+        return cls(at=at, trigger=trigger, outcome="ok", **figures)
+
+    @classmethod
+    def failed(
+        cls, at: datetime, trigger: ReclaimTrigger, duration_s: float, error: BaseException
+    ) -> Self:
+        """A sweep the engine did not answer: no figures, and why."""
+        return cls(
+            at=at,
+            trigger=trigger,
+            outcome="error",
+            duration_s=duration_s,
+            error=f"{type(error).__name__}: {error}",
+        )
+
+
+class MaintenanceRun(ReclaimRunBase, table=True):
+    """One row per maintenance run; only the newest ``maintenance_retention`` rows are kept."""
+
+    __tablename__ = "maintenance_run"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True)
 
 
 class Schedule(SQLModel, table=True):

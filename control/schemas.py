@@ -21,6 +21,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from control.core.config import MEMORY_RESERVE_BOUNDS, RECLAIM_INTERVAL_BOUNDS
+from control.models import ReclaimRunBase
 from control.openai_fields import JsonInt, UnsupportedFields, _json_integer
 from control.schedules import TIMEZONE_MAX_LENGTH, check_fires, cron_trigger, wall_time, zone
 from engine.kv_stats import KVStats
@@ -498,17 +499,8 @@ class PolicySchema(BaseModel):
 # -- state and maintenance ---------------------------------------------------------------------
 
 
-class ReclaimRun(BaseModel):
-    at: datetime
-    trigger: Literal["scheduled", "manual"]
-    outcome: Literal["ok", "error"]
-    freed: int = 0
-    evicted: int = 0
-    free_before: int | None = None
-    free_after: int | None = None
-    reserve_breached: bool = False
-    duration_s: float = 0.0
-    error: str | None = None
+class ReclaimRun(ReclaimRunBase):
+    """A recorded reclaim sweep: when, why, how it ended and what it did."""
 
 
 class JobView(BaseModel):

@@ -5,6 +5,7 @@ these types rather than restating them."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 from pydantic.dataclasses import dataclass
@@ -41,16 +42,40 @@ class KVStats(BaseModel):
         return self.used / self.total if self.total else 0.0
 
 
+# The one declaration of a sweep's figures (its docstring is the API's description): the
+# engine's snapshot (``ReclaimRecord``), a fleet replica's report, the fleet's sum (``total``)
+# and the control plane's recorded run (``control.models.ReclaimRunBase``: its table and its
+# API answer) carry these fields by these names.
 @dataclass(frozen=True)
 class ReclaimResult:
     """What one reclaim sweep did: blocks freed, cached blocks evicted by the reserve guard."""
 
     freed: int
+    """Blocks put back on the free list: leaked tables and unreferenced blocks."""
     evicted: int
+    """Cached prefix blocks evicted by the memory-reserve guard."""
     free_before: int
+    """Free blocks before the sweep."""
     free_after: int
+    """Free blocks after it."""
     reserve_breached: bool
+    """Free and cached blocks together still fell under the reserve."""
     duration_s: float
+    """How long the sweep took."""
+
+    @classmethod
+    def total(cls, runs: Iterable[ReclaimResult]) -> ReclaimResult:
+        """One sweep over several pools (a fleet, one pool a replica): the blocks summed, the
+        reserve breached if any pool's was, as long as the slowest sweep."""
+        each = list(runs)
+        return cls(
+            freed=sum(r.freed for r in each),
+            evicted=sum(r.evicted for r in each),
+            free_before=sum(r.free_before for r in each),
+            free_after=sum(r.free_after for r in each),
+            reserve_breached=any(r.reserve_breached for r in each),
+            duration_s=max((r.duration_s for r in each), default=0.0),
+        )
 
 
 class KVIntegrity(BaseModel):

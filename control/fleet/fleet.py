@@ -209,16 +209,7 @@ class Fleet(EngineService, ReplicaControl):
             if errors:
                 raise RuntimeError("; ".join(errors))
             runs: list[ReclaimResult] = list(results.values())
-            future.set_result(
-                ReclaimResult(
-                    freed=sum(r.freed for r in runs),
-                    evicted=sum(r.evicted for r in runs),
-                    free_before=sum(r.free_before for r in runs),
-                    free_after=sum(r.free_after for r in runs),
-                    reserve_breached=any(r.reserve_breached for r in runs),
-                    duration_s=max((r.duration_s for r in runs), default=0.0),
-                )
-            )
+            future.set_result(ReclaimResult.total(runs))
         except Exception as exc:
             future.set_exception(exc)
         return future

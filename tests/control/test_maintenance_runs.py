@@ -3,19 +3,22 @@ rescheduling, and the on-time verdict."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
+from typing import get_type_hints
 
 import pytest
 from sqlalchemy import Engine
-from sqlmodel import Session, func, select
+from sqlmodel import Session, SQLModel, func, select
 
 from control import migrate
 from control.core.db import make_engine
 from control.maintenance import Maintenance
 from control.metrics import ControlMetrics
-from control.models import MaintenanceRun
+from control.models import MaintenanceRun, ReclaimRunBase, utcnow
+from control.schemas import ReclaimRun
 from engine.kv_stats import ReclaimResult
 from tests.control.support import wait_for
 
@@ -106,3 +109,38 @@ def test_reschedule_changes_the_interval_and_next_run(db: Engine) -> None:
         assert after.on_time
     finally:
         maintenance.shutdown()
+
+
+def test_a_recorded_run_carries_the_engine_sweeps_figures_by_their_names() -> None:
+    """The table and the API answer are one declaration (``ReclaimRunBase``) whose figures are
+    the engine's ``ReclaimResult`` fields; a failed run has none of them."""
+    figures = [f.name for f in dataclasses.fields(ReclaimResult)]
+    recorded = list(ReclaimRunBase.model_fields)
+    assert recorded == ["at", "trigger", "outcome", *figures, "error"]
+    assert list(ReclaimRun.model_fields) == recorded
+    columns = SQLModel.metadata.tables["maintenance_run"].columns
+    assert [c.name for c in columns] == [*recorded, "id", "job_id"]
+    for name, kind in get_type_hints(ReclaimResult).items():
+        assert ReclaimRunBase.model_fields[name].annotation in (kind, kind | None), name
+    result = ReclaimResult(2, 1, 10, 13, True, 0.001)
+    run = ReclaimRun.of(result, utcnow(), "manual")
+    assert [getattr(run, name) for name in figures] == list(dataclasses.astuple(result))
+
+
+def test_a_run_reads_back_from_its_row_as_it_was_recorded(db: Engine) -> None:
+    engine = StubEngine()
+    maintenance = Maintenance(engine, db, ControlMetrics(), interval_s=3600)  # type: ignore[arg-type]
+    ran = maintenance.run("manual")
+    engine.error = TimeoutError("no answer")
+    with pytest.raises(TimeoutError):
+        maintenance.run("scheduled")
+    with Session(db) as session:
+        failed, recorded = maintenance.last_runs(session)
+    assert recorded == ran
+    assert (failed.outcome, failed.free_before, failed.free_after, failed.freed) == (
+        "error",
+        None,
+        None,
+        0,
+    )
+    assert failed.error == "TimeoutError: no answer"

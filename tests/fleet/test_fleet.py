@@ -31,6 +31,21 @@ def test_state_shows_each_replica_and_the_totals(fleet: httpx.Client) -> None:
         assert f'servedeck_requests_running{{replica="{rid}"}}' in metrics
 
 
+def test_each_sweep_runs_on_every_replica_and_is_recorded_once(fleet: httpx.Client) -> None:
+    """The control plane records the fleet's sum of the replicas' sweeps (``--reclaim-interval-s
+    1``); each replica reports its own last one."""
+    runs = wait_for(lambda: [r for r in state(fleet)["recent_reclaims"] if r["outcome"] == "ok"])
+    assert runs[0]["trigger"] == "scheduled" and runs[0]["free_after"] is not None
+
+    def swept_everywhere() -> dict[str, Any] | None:
+        body = state(fleet)
+        return body if all(r["last_reclaim"] for r in body["replicas"]) else None
+
+    body = wait_for(swept_everywhere)
+    pools = sum(r["kv"]["total"] for r in body["replicas"])
+    assert all(0 <= r["free_after"] <= pools for r in body["recent_reclaims"] if r["free_after"])
+
+
 def test_a_policy_change_reaches_every_replica_within_a_second(fleet: httpx.Client) -> None:
     changed = time.monotonic()  # the clock runs from the PUT, not from its answer
     result = set_settings(fleet, policy={"name": "hybrid", "params": {}})
