@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from engine.block_table import BlockTable
 from engine.kv_blocks import ROOT_HASH, BlockPool, prefix_chain
 from engine.kv_budget import reserved_blocks
-from engine.kv_stats import BlockState, KVStats, ReclaimResult
+from engine.kv_stats import BlockState, KVIntegrity, KVStats, ReclaimResult
 from engine.kv_step import Before, StepChanges
 
 __all__ = ["ROOT_HASH", "BlockManager", "BlockTable", "prefix_chain"]
@@ -226,6 +226,11 @@ class BlockManager:
         for block in self._step._sources() if self._step else ():
             refs[block] += 1  # a copy-on-write source stays referenced until the step settles
         return self._pool.problems(refs)
+
+    def integrity(self) -> KVIntegrity:
+        """``integrity_problems`` and the counts, as the typed self-check record."""
+        problems = tuple(self.integrity_problems())
+        return KVIntegrity(ok=not problems, problems=problems, stats=self.stats())
 
     def check_integrity(self) -> None:
         """Raise AssertionError naming every contradiction in the bookkeeping (tests use it)."""
