@@ -140,7 +140,7 @@ class AsyncEngine:
         engine = self.engine
         return LoopHealth(
             alive=self.is_running,
-            busy=engine.has_unfinished_requests() or engine.has_pending_commands(),
+            busy=engine.has_unfinished_requests() or engine.commands.has_pending(),
             seconds_since_progress=time.monotonic() - self._last_progress,
             step=engine.stats.num_steps,
             current_step=engine.current_step,
@@ -200,10 +200,10 @@ class AsyncEngine:
 
     def _run(self) -> None:
         engine = self.engine
-        engine.bind_to_current_thread()
+        engine.commands.bind_to_current_thread()
         while not self._stopping.is_set():
             self._last_progress = time.monotonic()
-            if not (engine.has_unfinished_requests() or engine.has_pending_commands()):
+            if not (engine.has_unfinished_requests() or engine.commands.has_pending()):
                 self._sleep(self._idle_wait_s)
                 continue
             steps_before = engine.stats.num_steps

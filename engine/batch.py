@@ -94,6 +94,22 @@ class ScheduledBatch:
             padded += e.num_pad_tokens
         return prefill, decode, padded
 
+    def advance(self, dropped: set[str]) -> dict[str, tuple[int, int]]:
+        """The rows ran: each sequence not in ``dropped`` now has K/V for its new tokens
+        (``num_computed_tokens`` moves past them). Returns the ``[start, end)`` span each one
+        wrote, by sequence id (what ``StepChanges.commit`` stores)."""
+        written: dict[str, tuple[int, int]] = {}
+        for entry in self.entries:  # hot: once per sequence per step
+            num_new = entry.num_new_tokens
+            if num_new:
+                seq = entry.seq
+                if dropped and seq.seq_id in dropped:
+                    continue
+                start = seq.num_computed_tokens
+                seq.num_computed_tokens = end = start + num_new
+                written[seq.seq_id] = (start, end)
+        return written
+
 
 FAILED_TOKEN = -1
 """The placeholder in ``StepResult.token_ids`` for a row whose sampling failed."""

@@ -15,7 +15,6 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,26 +23,17 @@ from tokenizers import Tokenizer
 from engine.batch import ScheduledBatch, StepInfo, StepResult
 from engine.commands import CommandQueue
 from engine.config import EngineConfig, EngineLimits, config_options
-from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import QueueFull, RequestRejected
 from engine.families import Families, child_seed
 from engine.front import EngineFront, Prompt
 from engine.kv_cache import BlockManager
 from engine.kv_stats import KVIntegrity, KVStats, ReclaimResult
 from engine.kv_step import StepChanges
-from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
+from engine.outputs import RequestMetrics, RequestOutput
 from engine.runner import Runner
 from engine.sampling_params import SamplingParams
 from engine.sequence import NO_BLOCKS, Sequence
-from engine.snapshot import (
-    EngineSnapshot,
-    Latency,
-    QueueDepths,
-    ReclaimRecord,
-    RequestSnapshot,
-    Throughput,
-    Totals,
-)
+from engine.snapshot import EngineSnapshot
 from engine.stats import EngineStats, StepRecord
 from policies.base import PolicySpec, SchedulingPolicy
 from policies.registry import as_spec, make_policy
@@ -117,37 +107,6 @@ class LLMEngine:
             policy=policy,
         )
 
-    # -- the front's, read through the engine (the control plane still asks it) ----------
-
-    @property
-    def limits(self) -> EngineLimits:
-        return self.front.limits
-
-    @property
-    def tokenizer(self) -> Tokenizer | None:
-        return self.front.tokenizer
-
-    @property
-    def max_prompt_bytes(self) -> int:
-        return self.front.max_prompt_bytes
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        return self.front.eos_token_ids
-
-    @property
-    def vocab_size(self) -> int | None:
-        return self.front.vocab_size
-
-    def tokenize(self, prompt: Prompt) -> list[int]:
-        """``EngineFront.tokenize`` (thread-safe)."""
-        return self.front.tokenize(prompt)
-
-    def check_request(self, token_ids: list[int], params: SamplingParams) -> None:
-        """``EngineFront.check_request``: raise ``RequestRejected`` for a request that can
-        never be served."""
-        self.front.check_request(token_ids, params)
-
     # -- requests -----------------------------------------------------------------------
 
     def add_request(
@@ -182,16 +141,17 @@ class LLMEngine:
         index: int = 0,
         request_id: str = "",
     ) -> Sequence:
-        seq = Sequence(seq_id, token_ids, params, arrival_time, index=index, request_id=request_id)
-        seed = child_seed(params.seed, index)
-        if seed is not None:
-            seq.generator = torch.Generator(device=self._device).manual_seed(seed)
-        tokenizer = self.front.tokenizer
-        if tokenizer is not None:
-            seq.detokenizer = IncrementalDetokenizer.for_prompt(
-                tokenizer, len(token_ids), params.stop
-            )
-        return seq
+        return Sequence.start(
+            seq_id,
+            token_ids,
+            params,
+            arrival_time,
+            index=index,
+            request_id=request_id,
+            seed=child_seed(params.seed, index),
+            device=self._device,
+            tokenizer=self.front.tokenizer,
+        )
 
     def abort(self, request_id: str) -> Future[bool]:
         """Stop a request and free its blocks; its stream ends with ``finish_reason='abort'``."""
@@ -242,7 +202,9 @@ class LLMEngine:
             outputs.extend(self._postprocess(batch, result, requeued))
             self._requeue(requeued)
             generated = len(result.token_ids) - len(result.failed) - len(requeued)
-            self._record(batch, started, generated, counts)
+            now, wall_s = self.clock(), time.perf_counter() - started
+            forward_s = self.runner.last_forward_s
+            self.stats.record_step(StepRecord.of(batch, counts, generated, now, wall_s, forward_s))
             return outputs
 
     def _settle(self, changes: StepChanges, batch: ScheduledBatch, result: StepResult) -> set[str]:
@@ -251,17 +213,7 @@ class LLMEngine:
         step on prefix blocks a failed row published: rolled back too, they are requeued."""
         failed = result.failed
         dropped = set(changes.rollback(failed)) | failed.keys() if failed else set()
-        written: dict[str, tuple[int, int]] = {}
-        for entry in batch.entries:  # hot: once per sequence per step
-            num_new = entry.num_new_tokens
-            if num_new:
-                seq = entry.seq
-                if dropped and seq.seq_id in dropped:
-                    continue
-                start = seq.num_computed_tokens
-                seq.num_computed_tokens = end = start + num_new
-                written[seq.seq_id] = (start, end)
-        changes.commit(written)
+        changes.commit(batch.advance(dropped))
         return dropped - failed.keys()
 
     def _roll_back(self, changes: StepChanges) -> None:
@@ -286,7 +238,10 @@ class LLMEngine:
         request, a requeued one's token is dropped (it is computed again)."""
         now = self.clock()
         if result.prompt_logprobs:
-            self._record_prompt_logprobs(result.prompt_logprobs, requeued | result.failed.keys())
+            undone = requeued | result.failed.keys()
+            for seq_id, (start, entries) in result.prompt_logprobs.items():
+                if seq_id not in undone and (seq := self._sequences.get(seq_id)) is not None:
+                    seq.add_prompt_logprobs(start, entries)
         sampled = iter(result.token_ids)
         logprobs = iter(result.logprobs) if result.logprobs is not None else None
         outputs: list[RequestOutput] = []
@@ -294,6 +249,7 @@ class LLMEngine:
         failed: list[Sequence] = []
         forked: list[Sequence] = []
         failed_rows = result.failed
+        eos_token_ids, max_model_len = self.front.eos_token_ids, self.front.limits.max_model_len
         families = self.families
         forking = bool(families)
         for entry in batch.entries:  # hot: once per sequence per step
@@ -308,7 +264,7 @@ class LLMEngine:
                 failed.append(seq)
                 continue
             seq.append_token(token, now, logprob)
-            if self._check_stop(seq, token, now):
+            if seq.finish_if_stopped(token, now, eos_token_ids, max_model_len):
                 finished.append(seq)
             siblings = (
                 families.on_token(seq, self.blocks, self._new_sequence, self._sequences, forked)
@@ -324,83 +280,23 @@ class LLMEngine:
         blocks = self.blocks  # after the step's writes, before finished requests leave
         batch.kv_held_slots = blocks.num_used * blocks.block_size  # as KVStats.held_slots
         batch.kv_live_tokens = blocks.live_tokens
-        for seq in failed:
-            self.policy.abort(seq.seq_id)  # frees its blocks
-            seq.finish("error", now)
-            siblings = families.left(seq)
-            outputs.append(RequestOutput.of(seq, [], result.failed[seq.seq_id], siblings))
+        outputs.extend(self._end(seq, "error", now, failed_rows[seq.seq_id]) for seq in failed)
         self.policy.on_step_done(batch, finished)
-        for seq in finished + failed:
+        for seq in finished:
             self._sequences.pop(seq.seq_id, None)
             self.stats.record_finish(RequestMetrics.of(seq), seq.num_output_tokens)
         return outputs
 
-    def _record_prompt_logprobs(
-        self, computed: dict[str, tuple[int, list[TokenLogprob]]], undone: set[str]
-    ) -> None:
-        """Append what the step computed of each asking sequence's prompt logprobs (a chunk
-        computed again, after a preemption, adds nothing)."""
-        for seq_id, (start, entries) in computed.items():
-            seq = self._sequences.get(seq_id)
-            if seq_id in undone or seq is None or seq.prompt_logprobs is None:
-                continue
-            known = seq.prompt_logprobs
-            if start <= len(known) < start + len(entries):
-                known.extend(entries[len(known) - start :])
-
-    def _check_stop(self, seq: Sequence, token: int, now: float) -> bool:
-        """Finish ``seq`` if ``token`` ends it; returns whether it did."""
-        params = seq.params
-        matched = seq.detokenizer.update(seq.token_ids) if seq.detokenizer else None
-        num_tokens = len(seq.token_ids)
-        if not params.ignore_eos and token in self.front.eos_token_ids:
-            seq.finish("stop", now)
-        elif params.stop_token_ids and token in params.stop_token_ids:
-            seq.finish("stop", now, stop_reason=token)
-        elif matched is not None:
-            seq.finish("stop", now, stop_reason=matched)
-        elif (
-            num_tokens - len(seq.prompt_token_ids) >= params.max_tokens
-            or num_tokens >= self.front.limits.max_model_len
-        ):
-            seq.finish("length", now)
-        else:
-            return False
-        return True
-
-    def _record(
-        self,
-        batch: ScheduledBatch,
-        started: float,
-        generated: int,
-        counts: tuple[int, int, int],
-    ) -> None:
-        prefill, decode, padded = counts
-        self.stats.record_step(
-            StepRecord(
-                time=self.clock(),
-                wall_s=time.perf_counter() - started,
-                forward_s=self.runner.last_forward_s,
-                mode=batch.mode,
-                num_seqs=batch.num_seqs,
-                prefill_tokens=prefill,
-                decode_tokens=decode,
-                padded_tokens=padded,
-                generated_tokens=generated,
-                preempted=len(batch.preempted),
-                kv_held_slots=batch.kv_held_slots,
-                kv_live_tokens=batch.kv_live_tokens,
-            )
-        )
+    def _end(self, seq: Sequence, reason: str, now: float, error: str | None) -> RequestOutput:
+        """End an unfinished sequence early (an abort, a failed row): free its blocks, finish
+        it and count it; returns its last output."""
+        self._sequences.pop(seq.seq_id, None)
+        self.policy.abort(seq.seq_id)  # frees its blocks
+        seq.finish(reason, now)
+        self.stats.record_finish(RequestMetrics.of(seq), seq.num_output_tokens)
+        return RequestOutput.of(seq, [], error, self.families.left(seq))
 
     # -- commands (applied at step boundaries) --------------------------------------------
-
-    def bind_to_current_thread(self) -> None:
-        """Make the calling thread the one that steps the engine (the server's loop)."""
-        self.commands.bind_to_current_thread()
-
-    def has_pending_commands(self) -> bool:
-        return self.commands.has_pending()
 
     def _drain_inbox(self) -> None:
         with self._inbox_lock:
@@ -422,7 +318,7 @@ class LLMEngine:
         ``version`` (the control plane's policy version) is recorded with the switch and
         reported by ``snapshot().policy_version``."""
         spec = as_spec(spec)
-        new_policy = make_policy(spec, self.limits, self.blocks, self.clock)
+        new_policy = make_policy(spec, self.front.limits, self.blocks, self.clock)
 
         def switch() -> PolicySpec:
             new_policy.adopt(self.policy.handover())
@@ -461,13 +357,7 @@ class LLMEngine:
             seq = self._sequences.get(request_id)
             seqs = [] if seq is None else [seq]
         now = self.clock()
-        for seq in seqs:
-            self._sequences.pop(seq.seq_id, None)
-            self.policy.abort(seq.seq_id)
-            seq.finish("abort", now)
-            siblings = self.families.left(seq)
-            self._pending_outputs.append(RequestOutput.of(seq, [], None, siblings))
-            self.stats.record_finish(RequestMetrics.of(seq), seq.num_output_tokens)
+        self._pending_outputs.extend(self._end(seq, "abort", now, None) for seq in seqs)
         return bool(seqs)
 
     # -- inspection -----------------------------------------------------------------------
@@ -478,11 +368,7 @@ class LLMEngine:
     def check_kv_integrity(self) -> Future[KVIntegrity]:
         """The block manager's self-check at the next step boundary (no step half-applied)."""
 
-        def check() -> KVIntegrity:
-            problems = tuple(self.blocks.integrity_problems())
-            return KVIntegrity(ok=not problems, problems=problems, stats=self.blocks.stats())
-
-        return self.commands.submit(check)
+        return self.commands.submit(self.blocks.integrity)
 
     def snapshot(self, timeout: float | None = 30.0) -> EngineSnapshot:
         """A consistent picture of queue, requests and KV (taken at a step boundary); waits up
@@ -490,34 +376,17 @@ class LLMEngine:
         return self.commands.call(self._snapshot, timeout)
 
     def _snapshot(self) -> EngineSnapshot:
-        now, blocks, stats = self.clock(), self.blocks, self.stats
-        queued = self._queued()
-        requests = tuple(
-            RequestSnapshot.of(s, len(blocks.table(s.seq_id)) if blocks.holds(s.seq_id) else 0, now)
-            for s in [*self._sequences.values(), *queued]
-        )
-        scheduler = self.policy.snapshot()  # a fresh model: the queued requests count as waiting
-        scheduler = scheduler.model_copy(update={"waiting": scheduler.waiting + len(queued)})
-        return EngineSnapshot(
+        return EngineSnapshot.of(
+            now=self.clock(),
+            started_at=self.started_at,
             policy=self.policy_spec,
             policy_version=self.policy_version,
-            scheduler=scheduler,
-            queue=QueueDepths(
-                waiting=scheduler.waiting,
-                running=scheduler.running,
-                max_waiting=self.config.max_waiting,
-            ),
-            memory_reserve=blocks.memory_reserve,
-            uptime_s=now - self.started_at,
-            requests=requests,
-            kv=blocks.stats(),
-            block_map=blocks.block_map(),
-            throughput=Throughput.model_validate(stats.throughput(now)),
-            latency=Latency.model_validate(stats.latency(now)),
-            totals=Totals.of(stats),
-            reclaims=tuple(
-                ReclaimRecord(**asdict(r), time=t) for t, r in list(stats.reclaims)[-10:]
-            ),
+            scheduler=self.policy.snapshot(),
+            sequences=self._sequences.values(),
+            queued=self._queued(),
+            max_waiting=self.config.max_waiting,
+            blocks=self.blocks,
+            stats=self.stats,
         )
 
     @property

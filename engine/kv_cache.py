@@ -1,15 +1,16 @@
-"""Paged KV cache bookkeeping: the prefix hash chain, the block table view and the block pool's
-manager (BlockManager). One step's changes to it are engine/kv_step.py's ``StepChanges``, the
-manager's one friend; the tensors it indexes are engine/kv_pool.py's. No torch here.
+"""Paged KV cache bookkeeping: the manager (BlockManager) of the sequences' block tables and
+prefix chains, over its pool of blocks (engine/kv_blocks.py's ``BlockPool``: ref counts, fill,
+the free and cached lists, the prefix index); a table is read through ``BlockTable``
+(engine/block_table.py). One step's changes to it are engine/kv_step.py's ``StepChanges``,
+the manager's one friend; the tensors it indexes are engine/kv_pool.py's. No torch here.
 
-Every block is in exactly one state: ``free`` (on the free list), ``used`` (ref count > 0) or
-``cached`` (ref count 0 but holding a registered full-block prefix, reusable until evicted,
-least recently used first). ``reserved`` is not a state: it is how many free-or-cached blocks
-admission of new work must leave alone. Running sequences may grow into the reserve.
+Every block is ``free``, ``used`` or ``cached`` (engine/kv_blocks.py). ``reserved`` is not a
+state: it is how many free-or-cached blocks admission of new work must leave alone. Running
+sequences may grow into the reserve.
 
-The manager's tables, chains, fill and ref counts are its own: callers read them through
-``holds``, ``table`` (a read-only live view), ``stored_tokens``, ``ref_count`` and ``stats``.
-Inside an engine step, blocks change only through the step's ``StepChanges`` (opened with
+The manager's tables, chains and pool are its own: callers read them through ``holds``,
+``table`` (a read-only live view), ``stored_tokens``, ``ref_count`` and ``stats``. Inside an
+engine step, blocks change only through the step's ``StepChanges`` (opened with
 ``begin_step``): the policy proposes allocations, growth and prefix registrations into it,
 the engine commits the rows that ran and rolls back the rest.
 """
@@ -17,59 +18,15 @@ the engine commits the rows that ran and rolls back the rest.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, abc, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
+from engine.block_table import BlockTable
+from engine.kv_blocks import ROOT_HASH, BlockPool, prefix_chain
 from engine.kv_budget import reserved_blocks
-from engine.kv_stats import BlockState, KVStats, ReclaimResult
+from engine.kv_stats import BlockState, KVIntegrity, KVStats, ReclaimResult
 from engine.kv_step import Before, StepChanges
 
 __all__ = ["ROOT_HASH", "BlockManager", "BlockTable", "prefix_chain"]
-
-ROOT_HASH = -1
-
-
-def prefix_chain(
-    token_ids: Sequence[int],
-    block_size: int,
-    num_blocks: int,
-    parent: int = ROOT_HASH,
-    start: int = 0,
-) -> Iterator[tuple[int, tuple]]:
-    """Full blocks ``start`` to ``num_blocks - 1`` of a prompt as (hash, tokens), each hash chained
-    on the one before (``parent``: block ``start - 1``'s): a block's hash names its whole prefix,
-    the prefix cache's key."""
-    for j in range(start, num_blocks):
-        tokens = tuple(token_ids[j * block_size : (j + 1) * block_size])
-        parent = hash((parent, tokens))
-        yield parent, tokens
-
-
-class BlockTable(abc.Sequence[int]):
-    """A read-only, live view of one sequence's block table (what the runner reads as
-    ``seq.block_table``). Slices are plain lists."""
-
-    __slots__ = ("_blocks",)
-
-    def __init__(self, blocks: list[int]) -> None:
-        self._blocks = blocks
-
-    def __getitem__(self, index):  # type: ignore[override]
-        return self._blocks[index]
-
-    def __len__(self) -> int:
-        return len(self._blocks)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._blocks)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, BlockTable):
-            return self._blocks == other._blocks
-        return isinstance(other, abc.Sequence) and list(self._blocks) == list(other)
-
-    def __repr__(self) -> str:
-        return f"BlockTable({self._blocks!r})"
 
 
 class BlockManager:
@@ -86,16 +43,10 @@ class BlockManager:
         self.block_size = block_size
         self.memory_reserve = memory_reserve
         self.enable_prefix_caching = enable_prefix_caching
-        self._ref_count = [0] * num_blocks
-        self._fill = [0] * num_blocks
-        self._block_hash: list[int | None] = [None] * num_blocks
-        self._block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
-        self._hash_to_block: dict[int, int] = {}
+        self._pool = BlockPool(num_blocks, block_size)
         self._tables: dict[str, list[int]] = {}
         self._chains: dict[str, list[int]] = {}
-        self._live_tokens = 0
-        self._free: deque[int] = deque(range(num_blocks))
-        self._cached: OrderedDict[int, None] = OrderedDict()
+        """Each sequence's prefix hash chain: one hash per full block it has published."""
         self._step: StepChanges | None = None
 
     # -- counts -------------------------------------------------------------------------
@@ -106,55 +57,51 @@ class BlockManager:
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self._pool.num_free
 
     @property
     def num_cached(self) -> int:
-        return len(self._cached)
+        return self._pool.num_cached
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self._free) - len(self._cached)
+        return self._pool.num_used
 
     @property
     def live_tokens(self) -> int:
-        return self._live_tokens
+        return self._pool.live_tokens
 
     @property
     def admissible(self) -> int:
         """Blocks new work may still take without entering the reserve."""
-        return max(0, len(self._free) + len(self._cached) - self.reserved)
+        return max(0, self._pool.num_free + self._pool.num_cached - self.reserved)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
     def stats(self) -> KVStats:
-        used = self.num_used
+        pool = self._pool
+        used = pool.num_used
         return KVStats(
             block_size=self.block_size,
             total=self.num_blocks,
-            free=len(self._free),
+            free=pool.num_free,
             used=used,
-            cached=len(self._cached),
+            cached=pool.num_cached,
             reserved=self.reserved,
-            live_tokens=self._live_tokens,
+            live_tokens=pool.live_tokens,
             held_slots=used * self.block_size,
         )
 
     def state_of(self, block: int) -> BlockState:
-        if self._ref_count[block] > 0:
-            return BlockState.USED
-        return BlockState.CACHED if block in self._cached else BlockState.FREE
+        return self._pool.state_of(block)
 
     def ref_count(self, block: int) -> int:
-        return self._ref_count[block]
+        return self._pool.ref_count[block]
 
     def block_map(self) -> str:
         """One character per block: ``.`` free, ``#`` used, ``c`` cached."""
-        chars = ["#" if r > 0 else "." for r in self._ref_count]
-        for block in self._cached:
-            chars[block] = "c"
-        return "".join(chars)
+        return self._pool.block_map()
 
     # -- per sequence -------------------------------------------------------------------
 
@@ -168,7 +115,8 @@ class BlockManager:
 
     def stored_tokens(self, seq_id: str) -> int:
         """Tokens whose K/V is stored in the sequence's blocks (0 when it holds none)."""
-        return sum(self._fill[b] for b in self._tables.get(seq_id, ()))
+        fill = self._pool.fill
+        return sum(fill[b] for b in self._tables.get(seq_id, ()))
 
     def holders(self) -> list[str]:
         """Ids of the sequences holding a block table."""
@@ -184,19 +132,13 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return []
-        hits: list[int] = []
-        size = self.block_size
-        for block_hash, tokens in prefix_chain(token_ids, size, (len(token_ids) - 1) // size):
-            block = self._hash_to_block.get(block_hash)
-            if block is None or self._block_tokens[block] != tokens:
-                break
-            hits.append(block)
-        return hits
+        return self._pool.match(token_ids, (len(token_ids) - 1) // self.block_size)
 
     def blocks_to_admit(self, hits: list[int], num_tokens: int) -> int:
         """Free-or-cached blocks that admitting ``num_tokens`` with these hits would take."""
         fresh = max(0, self.blocks_for(num_tokens) - len(hits))
-        return fresh + sum(1 for b in hits if self._ref_count[b] == 0)
+        ref_count = self._pool.ref_count
+        return fresh + sum(1 for b in hits if ref_count[b] == 0)
 
     def can_admit(self, hits: list[int], num_tokens: int) -> bool:
         return self.blocks_to_admit(hits, num_tokens) <= self.admissible
@@ -221,7 +163,8 @@ class BlockManager:
         self._chains.pop(seq_id, None)
         if table is None:
             return 0
-        return sum(self._release(b) for b in reversed(table))
+        release = self._pool.release
+        return sum(release(b) for b in reversed(table))
 
     def trim(self, seq_id: str, num_tokens: int) -> int:
         """Give back blocks beyond what ``num_tokens`` need (a padded reservation, say)."""
@@ -230,7 +173,7 @@ class BlockManager:
         keep = self.blocks_for(num_tokens)
         released = 0
         while len(table) > keep:
-            released += self._release(table.pop())
+            released += self._pool.release(table.pop())
         return released
 
     def fork(self, parent_id: str, child_id: str) -> None:
@@ -240,7 +183,7 @@ class BlockManager:
             raise ValueError(f"sequence {child_id!r} already holds blocks")
         table = self._tables[parent_id]
         for block in table:
-            self._ref_count[block] += 1
+            self._pool.share(block)
         self._tables[child_id] = list(table)
         self._chains[child_id] = list(self._chains[parent_id])
 
@@ -254,65 +197,46 @@ class BlockManager:
         """
         self._between_steps("reclaim")
         started = time.perf_counter()
-        free_before = len(self._free)
+        pool = self._pool
+        free_before = pool.num_free
         live = set(live_ids)
         freed = sum(self.free(seq_id) for seq_id in [s for s in self._tables if s not in live])
-        accounted = set(self._free).union(self._cached)
-        for block in range(self.num_blocks):
-            if self._ref_count[block] == 0 and block not in accounted:
-                self._to_free_list(block)
-                freed += 1
+        freed += pool.sweep_unlisted()
         evicted = self.evict_to_reserve()
         return ReclaimResult(
             freed=freed,
             evicted=evicted,
             free_before=free_before,
-            free_after=len(self._free),
-            reserve_breached=len(self._free) + len(self._cached) < self.reserved,
+            free_after=pool.num_free,
+            reserve_breached=pool.num_free + pool.num_cached < self.reserved,
             duration_s=time.perf_counter() - started,
         )
 
     def evict_to_reserve(self) -> int:
         """The memory-reserve guard: evict cached blocks, oldest first, until free ≥ reserve."""
-        evicted = 0
-        while len(self._free) < self.reserved and self._cached:
-            block, _ = self._cached.popitem(last=False)
-            self._to_free_list(block)
-            evicted += 1
-        return evicted
+        return self._pool.evict_until(self.reserved)
 
     def integrity_problems(self) -> list[str]:
         """Where the bookkeeping contradicts itself; empty when it is sound. Cheap enough to
         run at a step boundary on a live server (``GET /admin/kv/integrity``)."""
-        problems: list[str] = []
         refs = [0] * self.num_blocks
         for table in self._tables.values():
             for block in table:
                 refs[block] += 1
         for block in self._step._sources() if self._step else ():
             refs[block] += 1  # a copy-on-write source stays referenced until the step settles
-        if refs != self._ref_count:
-            problems.append("ref counts disagree with the block tables")
-        free = set(self._free)
-        if len(free) != len(self._free):
-            problems.append("a block is twice on the free list")
-        for block in range(self.num_blocks):
-            states = (block in free) + (block in self._cached) + (self._ref_count[block] > 0)
-            if states != 1:
-                problems.append(f"block {block} is in {states} states")
-        if self.num_free + self.num_used + self.num_cached != self.num_blocks:
-            problems.append("free + used + cached != total")
-        live = sum(self._fill[b] for b in range(self.num_blocks) if self._ref_count[b] > 0)
-        if live != self._live_tokens:
-            problems.append(f"live tokens {self._live_tokens} != {live}")
-        return problems
+        return self._pool.problems(refs)
+
+    def integrity(self) -> KVIntegrity:
+        """``integrity_problems`` and the counts, as the typed self-check record."""
+        problems = tuple(self.integrity_problems())
+        return KVIntegrity(ok=not problems, problems=problems, stats=self.stats())
 
     def check_integrity(self) -> None:
         """Raise AssertionError naming every contradiction in the bookkeeping (tests use it)."""
         if problems := self.integrity_problems():
             raise AssertionError("; ".join(problems))
-        for block_hash, block in self._hash_to_block.items():
-            assert self._block_hash[block] == block_hash, "hash index points at a stale block"
+        assert not self._pool.stale_hashes(), "hash index points at a stale block"
 
     # -- internals ----------------------------------------------------------------------
 
@@ -333,12 +257,13 @@ class BlockManager:
                 f"sequence {seq_id!r} needs {needed} blocks, "
                 f"{self.num_free + self.num_cached} are not in use"
             )
+        pool = self._pool
         table: list[int] = []
         for block in hits:
-            self._share(block)
+            pool.share(block)
             table.append(block)
         self._tables[seq_id] = table
-        self._chains[seq_id] = [self._block_hash[b] for b in hits]  # type: ignore[misc]
+        self._chains[seq_id] = [pool.hash_of(b) for b in hits]  # type: ignore[misc]
         self._extend(table, self.blocks_for(num_tokens))
         return len(hits) * self.block_size
 
@@ -349,7 +274,7 @@ class BlockManager:
         size = self.block_size
         if end > len(table) * size:
             return False
-        ref_count = self._ref_count
+        ref_count = self._pool.ref_count
         first, last = start // size, (end - 1) // size
         if first == last:
             return ref_count[table[first]] <= 1
@@ -357,20 +282,17 @@ class BlockManager:
 
     def _grow(self, seq_id: str, start: int, end: int, swaps: list[tuple[int, int, int]]) -> bool:
         table = self._tables[seq_id]
+        pool = self._pool
         size = self.block_size
         needed = self.blocks_for(end)
         shared = [
-            j
-            for j in range(start // size, min(len(table), needed))
-            if self._ref_count[table[j]] > 1
+            j for j in range(start // size, min(len(table), needed)) if pool.ref_count[table[j]] > 1
         ]
-        if max(0, needed - len(table)) + len(shared) > len(self._free) + len(self._cached):
+        if max(0, needed - len(table)) + len(shared) > pool.num_free + pool.num_cached:
             return False
         for j in shared:
             old = table[j]
-            new = self._take_fresh()
-            self._fill[new] = self._fill[old]
-            self._live_tokens += self._fill[new]
+            new = pool.take_copy(old)
             swaps.append((j, old, new))  # ``old`` keeps this reference until the step settles
             table[j] = new
         self._extend(table, needed)
@@ -386,95 +308,33 @@ class BlockManager:
         chain = self._chains[seq_id]
         parent = chain[-1] if chain else ROOT_HASH
         size = self.block_size
+        publish = self._pool.publish
         published = []
         fresh = prefix_chain(token_ids, size, num_tokens // size, parent, start=len(chain))
         for j, (parent, tokens) in enumerate(fresh, start=len(chain)):
             chain.append(parent)
-            block = table[j]
-            if parent not in self._hash_to_block and self._block_hash[block] is None:
-                self._hash_to_block[parent] = block
-                self._block_hash[block] = parent
-                self._block_tokens[block] = tokens
-                published.append((block, parent))
+            if publish(table[j], parent, tokens):
+                published.append((table[j], parent))
         return published
 
     def _unpublish(self, published: list[tuple[int, int]]) -> None:
         """Withdraw prefix blocks whose K/V the step did not store."""
         for block, block_hash in published:
-            if self._block_hash[block] != block_hash:
-                continue  # evicted and reused since
-            self._unregister(block)
-            if self._ref_count[block] == 0 and block in self._cached:
-                del self._cached[block]
-                self._to_free_list(block)
-
-    def _store(self, seq_id: str, start: int, end: int) -> None:
-        """Positions ``[start, end)`` hold K/V now. One already stored (a forked sequence
-        recomputes its prompt's last token, engine/families.py) is not counted twice."""
-        table = self._tables[seq_id]
-        size = self.block_size
-        fill = self._fill
-        stored = fill[table[start // size]] - start % size
-        if stored > 0:  # rare: only a fork's recompute
-            start += min(stored, end - start)
-            if start == end:
-                return
-        last = (end - 1) // size
-        for j in range(start // size, last):
-            fill[table[j]] = size
-        fill[table[last]] = end - last * size
-        self._live_tokens += end - start
+            self._pool.unpublish(block, block_hash)
 
     def _restore(self, seq_id: str, before: Before, swaps: list[tuple[int, int, int]]) -> None:
         """Put back the table (and chain) a sequence had when the step first changed it."""
         table = self._tables[seq_id]
+        release = self._pool.release
         for j, old, new in reversed(swaps):
             table[j] = old
-            self._release(new)
+            release(new)
         table_len, chain_len = before
         while len(table) > (table_len or 0):
-            self._release(table.pop())
+            release(table.pop())
         del self._chains[seq_id][chain_len:]
 
-    def _share(self, block: int) -> None:
-        if self._ref_count[block] == 0:
-            del self._cached[block]
-            self._live_tokens += self._fill[block]
-        self._ref_count[block] += 1
-
-    def _take_fresh(self) -> int:
-        if self._free:
-            block = self._free.popleft()
-        else:
-            block, _ = self._cached.popitem(last=False)
-            self._unregister(block)
-        self._ref_count[block] = 1
-        self._fill[block] = 0
-        return block
-
     def _extend(self, table: list[int], num_blocks: int) -> None:
+        take_fresh = self._pool.take_fresh
         while len(table) < num_blocks:
-            table.append(self._take_fresh())
-
-    def _release(self, block: int) -> int:
-        self._ref_count[block] -= 1
-        if self._ref_count[block] > 0:
-            return 0
-        self._live_tokens -= self._fill[block]
-        if self._block_hash[block] is not None:
-            self._cached[block] = None
-        else:
-            self._to_free_list(block)
-        return 1
-
-    def _unregister(self, block: int) -> None:
-        block_hash = self._block_hash[block]
-        if block_hash is not None and self._hash_to_block.get(block_hash) == block:
-            del self._hash_to_block[block_hash]
-        self._block_hash[block] = None
-        self._block_tokens[block] = None
-
-    def _to_free_list(self, block: int) -> None:
-        self._unregister(block)
-        self._fill[block] = 0
-        self._free.append(block)
+            table.append(take_fresh())

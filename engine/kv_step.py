@@ -2,8 +2,9 @@
 
 The step transaction is a unit of its own: the policy proposes changes into it while it
 schedules, the engine settles it (commit the rows that ran, roll back the rest). It is the
-``BlockManager``'s one friend (engine/kv_cache.py): it works the manager's private tables
-through the manager's private helpers, which nothing else may touch (tests/test_layering.py).
+``BlockManager``'s one friend (engine/kv_cache.py): it works the manager's private tables and
+pool (engine/kv_blocks.py) through the manager's private helpers, which nothing else may touch
+(tests/test_layering.py).
 """
 
 from __future__ import annotations
@@ -117,11 +118,11 @@ class StepChanges:
             raise ValueError(
                 f"rolled back, not written: {sorted(self._rolled_back & set(written))}"
             )
-        store = m._store
+        store, tables = m._pool.store, m._tables
         for seq_id, (start, end) in written.items():
-            store(seq_id, start, end)
+            store(tables[seq_id], start, end)
         for source in self._sources():
-            m._release(source)
+            m._pool.release(source)
         for seq_id, published in self._published.items():
             if seq_id not in written:
                 m._unpublish(published)
@@ -174,4 +175,4 @@ class StepChanges:
         released now, and nothing of it is left to undo but its publications."""
         self._before.pop(seq_id, None)
         for _, old, _ in self._swaps.pop(seq_id, ()):
-            self._m._release(old)
+            self._m._pool.release(old)

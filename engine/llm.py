@@ -75,8 +75,9 @@ class LLM:
             per_prompt = list(params)
             if len(per_prompt) != len(batch):
                 raise ValueError(f"got {len(per_prompt)} SamplingParams for {len(batch)} prompts")
+        front = self.engine.front
         for prompt, prompt_params in zip(batch, per_prompt, strict=True):
-            self.engine.check_request(self.engine.tokenize(prompt), prompt_params)
+            front.check_request(front.tokenize(prompt), prompt_params)
         ids: list[str] = []
         final: dict[str, dict[int, RequestOutput]] = {}
         pending = list(zip(batch, per_prompt, strict=True))
@@ -107,7 +108,7 @@ class LLM:
 
     @property
     def tokenizer(self):
-        return self.engine.tokenizer
+        return self.engine.front.tokenizer
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

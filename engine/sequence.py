@@ -13,6 +13,8 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
     from engine.outputs import TokenLogprob
 
 NO_BLOCKS: abc.Sequence[int] = ()
@@ -63,6 +65,32 @@ class Sequence:
     """Entry ``i`` is prompt token ``i + 1``'s (``SamplingParams.prompt_logprobs``), filled as
     the prompt's chunks are computed; complete once the first output token is sampled."""
 
+    @classmethod
+    def start(
+        cls,
+        seq_id: str,
+        token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float,
+        *,
+        index: int = 0,
+        request_id: str = "",
+        seed: int | None = None,
+        device: torch.device | None = None,
+        tokenizer: Tokenizer | None = None,
+    ) -> Sequence:
+        """A new sequence with what it samples and stops by: a generator seeded by ``seed``
+        (on ``device``) when given, a detokenizer (for the stop strings and the text) when
+        there is a ``tokenizer``."""
+        seq = cls(seq_id, token_ids, params, arrival_time, index=index, request_id=request_id)
+        if seed is not None:
+            seq.generator = torch.Generator(device=device).manual_seed(seed)
+        if tokenizer is not None:
+            seq.detokenizer = IncrementalDetokenizer.for_prompt(
+                tokenizer, len(token_ids), params.stop
+            )
+        return seq
+
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
         if not self.request_id:
@@ -77,6 +105,13 @@ class Sequence:
         is still missing (the next token is in the prompt and not recorded yet)."""
         known = self.prompt_logprobs
         return known is not None and len(known) <= position < len(self.prompt_token_ids) - 1
+
+    def add_prompt_logprobs(self, start: int, entries: list[TokenLogprob]) -> None:
+        """Record what a step computed of the prompt's logprobs, entries ``start`` on (a chunk
+        computed again, after a preemption, adds nothing)."""
+        known = self.prompt_logprobs
+        if known is not None and start <= len(known) < start + len(entries):
+            known.extend(entries[len(known) - start :])
 
     @property
     def num_tokens(self) -> int:
@@ -114,6 +149,28 @@ class Sequence:
             self.logprobs.append(logprob)
         if self.first_token_time is None:
             self.first_token_time = now
+
+    def finish_if_stopped(
+        self, token: int, now: float, eos_token_ids: abc.Set[int], max_model_len: int
+    ) -> bool:
+        """Finish if ``token``, just appended, ends the sequence; returns whether it did."""
+        params = self.params
+        matched = self.detokenizer.update(self.token_ids) if self.detokenizer else None
+        num_tokens = len(self.token_ids)
+        if not params.ignore_eos and token in eos_token_ids:
+            self.finish("stop", now)
+        elif params.stop_token_ids and token in params.stop_token_ids:
+            self.finish("stop", now, stop_reason=token)
+        elif matched is not None:
+            self.finish("stop", now, stop_reason=matched)
+        elif (
+            num_tokens - len(self.prompt_token_ids) >= params.max_tokens
+            or num_tokens >= max_model_len
+        ):
+            self.finish("length", now)
+        else:
+            return False
+        return True
 
     def finish(self, reason: str, now: float, stop_reason: str | int | None = None) -> None:
         self.status = SequenceStatus.FINISHED

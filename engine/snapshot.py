@@ -7,6 +7,10 @@ policy version the engine runs, and the recent statistics.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 from pydantic.dataclasses import dataclass
 
@@ -14,6 +18,9 @@ from engine.kv_stats import KVStats, ReclaimResult
 from engine.sequence import Sequence
 from engine.stats import EngineStats
 from policies.base import PolicySnapshot, PolicySpec
+
+if TYPE_CHECKING:
+    from engine.kv_cache import BlockManager
 
 FROZEN = ConfigDict(frozen=True, from_attributes=True)
 
@@ -119,3 +126,47 @@ class EngineSnapshot(BaseModel):
     latency: Latency
     totals: Totals
     reclaims: tuple[ReclaimRecord, ...] = Field(description="The last sweeps, oldest first.")
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        now: float,
+        started_at: float,
+        policy: PolicySpec,
+        policy_version: int | None,
+        scheduler: PolicySnapshot,
+        sequences: Iterable[Sequence],
+        queued: list[Sequence],
+        max_waiting: int,
+        blocks: BlockManager,
+        stats: EngineStats,
+    ) -> EngineSnapshot:
+        """The picture of an engine at a step boundary: ``sequences`` are the ones it has taken
+        in, ``queued`` the ones not taken in yet (they count as waiting), ``scheduler`` the
+        running policy's own snapshot."""
+        requests = tuple(
+            RequestSnapshot.of(s, len(blocks.table(s.seq_id)) if blocks.holds(s.seq_id) else 0, now)
+            for s in [*sequences, *queued]
+        )
+        # a fresh model: the queued requests count as waiting
+        scheduler = scheduler.model_copy(update={"waiting": scheduler.waiting + len(queued)})
+        return cls(
+            policy=policy,
+            policy_version=policy_version,
+            scheduler=scheduler,
+            queue=QueueDepths(
+                waiting=scheduler.waiting, running=scheduler.running, max_waiting=max_waiting
+            ),
+            memory_reserve=blocks.memory_reserve,
+            uptime_s=now - started_at,
+            requests=requests,
+            kv=blocks.stats(),
+            block_map=blocks.block_map(),
+            throughput=Throughput.model_validate(stats.throughput(now)),
+            latency=Latency.model_validate(stats.latency(now)),
+            totals=Totals.of(stats),
+            reclaims=tuple(
+                ReclaimRecord(**asdict(r), time=t) for t, r in list(stats.reclaims)[-10:]
+            ),
+        )

@@ -12,9 +12,13 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.kv_stats import ReclaimResult
 from engine.outputs import RequestMetrics
+
+if TYPE_CHECKING:
+    from engine.batch import ScheduledBatch
 
 PERCENTILES = (50, 95, 99)
 
@@ -33,6 +37,34 @@ class StepRecord:
     preempted: int
     kv_held_slots: int
     kv_live_tokens: int
+
+    @classmethod
+    def of(
+        cls,
+        batch: ScheduledBatch,
+        counts: tuple[int, int, int],
+        generated: int,
+        time: float,
+        wall_s: float,
+        forward_s: float,
+    ) -> StepRecord:
+        """The record of a step that ran ``batch``: ``counts`` are its (prefill, decode,
+        padded) tokens (``ScheduledBatch.token_counts``), ``generated`` the tokens it kept."""
+        prefill, decode, padded = counts
+        return cls(
+            time=time,
+            wall_s=wall_s,
+            forward_s=forward_s,
+            mode=batch.mode,
+            num_seqs=batch.num_seqs,
+            prefill_tokens=prefill,
+            decode_tokens=decode,
+            padded_tokens=padded,
+            generated_tokens=generated,
+            preempted=len(batch.preempted),
+            kv_held_slots=batch.kv_held_slots,
+            kv_live_tokens=batch.kv_live_tokens,
+        )
 
 
 @dataclass(frozen=True, slots=True)

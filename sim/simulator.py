@@ -166,7 +166,7 @@ def simulate(
         [],
         engine.stats,
         0.0,
-        num_kv_blocks=engine.limits.num_kv_blocks,
+        num_kv_blocks=engine.front.limits.num_kv_blocks,
         block_size=setup.block_size,
         cost_model=cost_model.name,
         policy=engine.policy_spec,

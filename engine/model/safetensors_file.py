@@ -72,19 +72,36 @@ class SafetensorsFile:
         size = int.from_bytes(size_bytes, "little") if len(size_bytes) == 8 else -1
         if not 0 < size <= MAX_HEADER_BYTES:
             raise CheckpointError(f"{self.path.name} is not a safetensors file", self.path)
-        header = json.loads(self._file.read(size))
+        raw = self._file.read(size)
+        if len(raw) < size:
+            raise CheckpointError(f"{self.path.name} is cut inside its header", self.path)
+        try:
+            header = json.loads(raw)
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            raise CheckpointError(
+                f"{self.path.name}: the header is not JSON ({e})", self.path
+            ) from e
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{self.path.name}: the header is not a JSON object", self.path)
         header.pop("__metadata__", None)
         file_size = self.path.stat().st_size
         entries = []
         for name, info in header.items():
-            if info["dtype"] not in DTYPES:
+            try:
+                dtype_name, (begin, end), shape = info["dtype"], info["data_offsets"], info["shape"]
+                shape = tuple(shape)
+                if not all(type(v) is int for v in (begin, end, *shape)):
+                    raise TypeError("offsets and shape must be integers")
+            except (KeyError, TypeError, ValueError) as e:
                 raise CheckpointError(
-                    f"{name} in {self.path.name}: dtype {info['dtype']} is not supported",
+                    f"{name} in {self.path.name}: a malformed header entry ({e!r})", self.path
+                ) from e
+            if dtype_name not in DTYPES:
+                raise CheckpointError(
+                    f"{name} in {self.path.name}: dtype {dtype_name} is not supported",
                     self.path,
                 )
-            dtype = DTYPES[info["dtype"]]
-            begin, end = info["data_offsets"]
-            shape = tuple(info["shape"])
+            dtype = DTYPES[dtype_name]
             entry = TensorEntry(name, dtype, shape, 8 + size + begin, end - begin)
             expected = math.prod(shape) * dtype.itemsize
             if entry.nbytes != expected or entry.offset + entry.nbytes > file_size:

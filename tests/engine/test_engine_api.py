@@ -106,7 +106,7 @@ def test_stop_token_ids_and_eos(llm):
     out = llm.generate([[11, 12, 13]], SamplingParams(**_greedy(), stop_token_ids=[stop_at]))[0]
     assert out.token_ids == full[: first + 1] and out.stop_reason == stop_at
     engine = llm.engine
-    saved = engine.eos_token_ids
+    saved = engine.front.eos_token_ids
     engine.front.eos_token_ids = frozenset({full[2]})
     try:
         eos = llm.generate([[11, 12, 13]], SamplingParams(max_tokens=16, temperature=0))[0]

@@ -144,7 +144,7 @@ def test_greedy_matches_transformers(checkpoints, prompts, references, family, p
 
 def test_sliding_window_caps_the_context(checkpoints):
     llm = LLM(checkpoints["mistral"], num_kv_blocks=64)
-    assert llm.engine.limits.max_model_len == 128
+    assert llm.engine.front.limits.max_model_len == 128
     with pytest.raises(ValueError, match="128"):
         LLM(checkpoints["mistral"], num_kv_blocks=64, max_model_len=256)
 

@@ -23,14 +23,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _same_front(front: EngineFront, engine: LLMEngine) -> None:
-    assert front.limits == engine.limits
-    assert front.vocab_size == engine.vocab_size
-    assert front.eos_token_ids == engine.eos_token_ids
-    assert front.max_prompt_bytes == engine.max_prompt_bytes
-    assert (front.tokenizer is None) == (engine.tokenizer is None)
-    if front.tokenizer is not None and engine.tokenizer is not None:
+    """``front``, built from the config alone, equals the front the engine built."""
+    ours = engine.front
+    assert front.limits == ours.limits
+    assert front.vocab_size == ours.vocab_size
+    assert front.eos_token_ids == ours.eos_token_ids
+    assert front.max_prompt_bytes == ours.max_prompt_bytes
+    assert (front.tokenizer is None) == (ours.tokenizer is None)
+    if front.tokenizer is not None and ours.tokenizer is not None:
         text = "The quick brown fox jumps over the lazy dog."
-        assert front.tokenize(text) == engine.tokenize(text)
+        assert front.tokenize(text) == ours.tokenize(text)
 
 
 def test_small_preset_front_equals_its_engine() -> None:

@@ -75,7 +75,7 @@ def test_greedy_tokens_and_logprobs_equal_transformers(files, hf, name):
     distinct = set()
     for prompt, out in zip(PROMPTS, outputs, strict=True):
         ids = tokenizer(prompt)["input_ids"]
-        assert llm.engine.tokenize(prompt) == ids
+        assert llm.engine.front.tokenize(prompt) == ids
         with torch.no_grad():
             want = model.generate(
                 torch.tensor([ids]), max_new_tokens=12, do_sample=False, min_new_tokens=12

@@ -34,7 +34,7 @@ def _run_and_peak_blocks(llm: LLM, prompts: list[list[int]]) -> tuple[list[list[
 @pytest.mark.parametrize("policy", ["continuous", "hybrid"])
 def test_shared_prefix_holds_fewer_blocks_with_identical_outputs(tiny_model_dir, policy):
     shared = LLM(tiny_model_dir, policy=policy, enable_prefix_caching=True)
-    prompts = _prompts(shared.engine.vocab_size)
+    prompts = _prompts(shared.engine.front.vocab_size)
     with_sharing, shared_peak = _run_and_peak_blocks(shared, prompts)
     private = LLM(tiny_model_dir, policy=policy, enable_prefix_caching=False)
     without_sharing, private_peak = _run_and_peak_blocks(private, prompts)
@@ -47,7 +47,7 @@ def test_shared_prefix_holds_fewer_blocks_with_identical_outputs(tiny_model_dir,
 
 def test_prefix_cache_survives_the_request_and_is_reused(tiny_model_dir):
     llm = LLM(tiny_model_dir)
-    prompts = _prompts(llm.engine.vocab_size)
+    prompts = _prompts(llm.engine.front.vocab_size)
     first = llm.generate(prompts[0], SamplingParams(max_tokens=4, temperature=0))[0]
     assert first.metrics.num_cached_tokens == 0
     assert llm.kv_stats().cached >= PREFIX_LEN // 16

@@ -145,7 +145,7 @@ def test_short_prompts_overtake_a_long_prefill_only_under_hybrid(
     ],
 )
 def test_invalid_params_name_the_field_and_bound(tiny_model_dir, spec, field, bound):
-    limits = LLM(tiny_model_dir, num_kv_blocks=64).engine.limits
+    limits = LLM(tiny_model_dir, num_kv_blocks=64).engine.front.limits
     with pytest.raises(ValidationError) as info:
         validate_params(PolicySpec.model_validate(spec), limits)
     error = info.value.errors()[0]
