@@ -16,7 +16,7 @@ import os
 import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar, overload
 
 import torch
 
@@ -88,9 +88,15 @@ class AttentionMetadata:
 M = TypeVar("M", bound=AttentionMetadata)
 
 
+@overload
+def build_metadata(inputs: AttentionInputs, device: torch.device) -> AttentionMetadata: ...
+@overload
+def build_metadata(inputs: AttentionInputs, device: torch.device, cls: type[M]) -> M: ...
 def build_metadata(
-    inputs: AttentionInputs, device: torch.device, cls: type[M] = AttentionMetadata
-) -> M:
+    inputs: AttentionInputs,
+    device: torch.device,
+    cls: type[AttentionMetadata] = AttentionMetadata,
+) -> AttentionMetadata:
     """The device tensors every backend reads, from the host description, as ``cls`` (a
     backend's own metadata adds fields with defaults)."""
     starts = inputs.prefill_query_start_loc
@@ -141,11 +147,27 @@ class AttentionBackend(ABC, Generic[M]):
         """Store ``key``/``value`` ``[T, kv_heads, dim]`` at ``meta.slot_mapping``."""
 
     @abstractmethod
-    def decode(self, layer: int, query, key, value, meta: M, scale: float) -> torch.Tensor:
+    def decode(
+        self,
+        layer: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        meta: M,
+        scale: float,
+    ) -> torch.Tensor:
         """The decode rows (``meta.num_decode_tokens`` leading tokens), K/V already written."""
 
     @abstractmethod
-    def prefill(self, layer: int, query, key, value, meta: M, scale: float) -> torch.Tensor:
+    def prefill(
+        self,
+        layer: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        meta: M,
+        scale: float,
+    ) -> torch.Tensor:
         """The prefill/extend chunks (the tokens after the decode rows), K/V already written."""
 
     def forward(
@@ -186,8 +208,9 @@ class AttentionBackend(ABC, Generic[M]):
 
 def make_attention_backend(
     name: Backend, kv_caches: list[torch.Tensor], block_size: int
-) -> AttentionBackend:
-    """The backend ``resolve_backend`` named, over this pool."""
+) -> AttentionBackend[Any]:
+    """The backend ``resolve_backend`` named, over this pool (its metadata type is the
+    backend's own: the runner passes ``prepare``'s result back to ``forward`` untouched)."""
     if name == "triton":
         from kernels.triton_backend import TritonAttentionBackend
 

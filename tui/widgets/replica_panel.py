@@ -52,7 +52,11 @@ def one_line(text: str) -> str:
 
 
 def row_cells(row: ReplicaRow, in_force: int, now: float, draining: bool = False) -> Row:
-    view, num = row.view, lambda n: Text(str(n), justify="right")
+    view = row.view
+
+    def num(n: object) -> Text:
+        return Text(str(n), justify="right")
+
     restarted = row.restarted(now)
     if not row.up:
         state = Text("DOWN", style="bold red")
