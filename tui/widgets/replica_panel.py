@@ -112,8 +112,8 @@ def totals_text(totals: ReplicaTotals | None, in_force: int) -> Text:
 
 
 class ReplicaPanel(Vertical):
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
         self.roster = ReplicaRoster()
         self.rows: Sequence[ReplicaRow] = ()
         self.border_title = "Replicas"
