@@ -22,9 +22,12 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# ruff, then mypy (configured in pyproject.toml: which packages are strict, which are the
+# ratchet's next); .ci/run runs this before the suite.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 format: $(STAMP)
 	$(BIN)/ruff format .
@@ -43,4 +46,4 @@ gpu-check-prep: $(STAMP)
 	$(BIN)/python -c "import glob, zipfile; [zipfile.ZipFile(w).extractall('.gpu-site') for w in glob.glob('.gpu-wheels/*.whl')]"
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar, overload
 
 import torch
 
@@ -58,9 +58,15 @@ class AttentionMetadata:
 M = TypeVar("M", bound=AttentionMetadata)
 
 
+@overload
+def build_metadata(inputs: AttentionInputs, device: torch.device) -> AttentionMetadata: ...
+@overload
+def build_metadata(inputs: AttentionInputs, device: torch.device, cls: type[M]) -> M: ...
 def build_metadata(
-    inputs: AttentionInputs, device: torch.device, cls: type[M] = AttentionMetadata
-) -> M:
+    inputs: AttentionInputs,
+    device: torch.device,
+    cls: type[AttentionMetadata] = AttentionMetadata,
+) -> AttentionMetadata:
     """The device tensors every backend reads, from the host description, as ``cls`` (a
     backend's own metadata adds fields with defaults)."""
     starts = inputs.prefill_query_start_loc
@@ -111,11 +117,27 @@ class AttentionBackend(ABC, Generic[M]):
         """Store ``key``/``value`` ``[T, kv_heads, dim]`` at ``meta.slot_mapping``."""
 
     @abstractmethod
-    def decode(self, layer: int, query, key, value, meta: M, scale: float) -> torch.Tensor:
+    def decode(
+        self,
+        layer: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        meta: M,
+        scale: float,
+    ) -> torch.Tensor:
         """The decode rows (``meta.num_decode_tokens`` leading tokens), K/V already written."""
 
     @abstractmethod
-    def prefill(self, layer: int, query, key, value, meta: M, scale: float) -> torch.Tensor:
+    def prefill(
+        self,
+        layer: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        meta: M,
+        scale: float,
+    ) -> torch.Tensor:
         """The prefill/extend chunks (the tokens after the decode rows), K/V already written."""
 
     def forward(

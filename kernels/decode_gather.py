@@ -298,10 +298,23 @@ class DecodeGatherCache:
             buffers.append(pair)
         return buffers
 
-    def _bucket_plan(self, bucket, row_of, tables, seq_lens, new_positions, fresh) -> BucketPlan:
+    def _bucket_plan(
+        self,
+        bucket: _Bucket,
+        row_of: dict[str, int],
+        tables: list[list[int]],
+        seq_lens: list[int],
+        new_positions: list[int],
+        fresh: bool,
+    ) -> BucketPlan:
         cache = self.kv_caches[0]
         size, blocks, heads = self.block_size, cache.shape[1], cache.shape[3]
-        rows, lens, src, dst, token_rows, token_dst = [], [], [], [], [], []
+        rows: list[int] = []
+        lens: list[int] = []
+        src: list[int] = []
+        dst: list[int] = []
+        token_rows: list[int] = []
+        token_dst: list[int] = []
         for index, slot in enumerate(bucket.slots):
             row = row_of[slot.seq_id]
             table, length, position = tables[row], seq_lens[row], new_positions[row]

@@ -23,7 +23,10 @@ def head_major(cache: torch.Tensor) -> torch.Tensor | None:
 
 
 def write_kv_cache(
-    key: torch.Tensor, value: torch.Tensor, storages: tuple[torch.Tensor, torch.Tensor], slots
+    key: torch.Tensor,
+    value: torch.Tensor,
+    storages: tuple[torch.Tensor, torch.Tensor],
+    slots: torch.Tensor,
 ) -> None:
     """``key``/``value`` ``[T, kv_heads, dim]`` into the K and V storages at flat slot
     indices; a slot of -1 is a padding row, computed but not stored."""
@@ -79,7 +82,13 @@ def decode_attention(
     return out
 
 
-def _attend(query, keys, values, seq_lens, scale) -> torch.Tensor:
+def _attend(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """Dense attention of ``[B, heads, dim]`` queries over ``[B * kv_heads, span, dim]`` keys
     and values (row-major, then head), masked past each row's length."""
     batch, num_heads, head_dim = query.shape

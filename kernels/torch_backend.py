@@ -68,10 +68,20 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             )
         return meta
 
-    def write_kv(self, layer, key, value, meta: TorchAttentionMetadata) -> None:
+    def write_kv(
+        self, layer: int, key: torch.Tensor, value: torch.Tensor, meta: TorchAttentionMetadata
+    ) -> None:
         torch_attention.write_kv_cache(key, value, self.storages[layer], meta.slot_mapping)
 
-    def decode(self, layer, query, key, value, meta: TorchAttentionMetadata, scale):
+    def decode(
+        self,
+        layer: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        meta: TorchAttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
         plan = meta.decode_plan
         assert plan is not None, "decode rows without a decode plan"
         out = torch_attention.decode_attention(
@@ -81,7 +91,15 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             self.gathers.finished()
         return out
 
-    def prefill(self, layer, query, key, value, meta: TorchAttentionMetadata, scale):
+    def prefill(
+        self,
+        layer: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        meta: TorchAttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
         return torch_attention.prefill_attention(
             query,
             key,

@@ -23,17 +23,35 @@ class TritonAttentionBackend(AttentionBackend[AttentionMetadata]):
     def prepare(self, inputs: AttentionInputs) -> AttentionMetadata:
         return build_metadata(inputs, self.device)
 
-    def write_kv(self, layer, key, value, meta: AttentionMetadata) -> None:
+    def write_kv(
+        self, layer: int, key: torch.Tensor, value: torch.Tensor, meta: AttentionMetadata
+    ) -> None:
         cache = self.kv_caches[layer]
         self.ops.write_kv_cache(key, value, cache[0], cache[1], meta.slot_mapping)
 
-    def decode(self, layer, query, key, value, meta: AttentionMetadata, scale):
+    def decode(
+        self,
+        layer: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
         cache = self.kv_caches[layer]
         return self.ops.paged_decode_attention(
             query, cache[0], cache[1], meta.decode_block_tables, meta.decode_seq_lens, scale
         )
 
-    def prefill(self, layer, query, key, value, meta: AttentionMetadata, scale):
+    def prefill(
+        self,
+        layer: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
         cache = self.kv_caches[layer]
         return self.ops.paged_prefill_attention(
             query,

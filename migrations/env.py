@@ -16,12 +16,16 @@ config = context.config
 target_metadata = SQLModel.metadata
 
 
-def _configure(**kwargs: object) -> None:
+def _configure(
+    *, url: str | None = None, connection: Connection | None = None, literal_binds: bool = False
+) -> None:
     context.configure(
+        connection=connection,
+        url=url,
+        literal_binds=literal_binds,
         target_metadata=target_metadata,
         render_as_batch=True,
         compare_type=True,
-        **kwargs,
     )
 
 

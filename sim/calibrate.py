@@ -31,7 +31,7 @@ from engine.builder import ModelBundle, build_runner, load_bundle
 from engine.config import CPU_KV_CACHE_BYTES, EngineConfig
 from engine.engine import LLMEngine
 from engine.kv_pool import kv_bytes_per_block
-from engine.runner import ModelRunner
+from engine.runner import ModelRunner, Runner
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from sim.calibrated import FEATURES, FORMAT, fit, nnls
@@ -149,7 +149,7 @@ def measure(
 class _TimedRunner:
     """The engine's runner, timing each ``execute`` and noting its batch size."""
 
-    def __init__(self, inner: ModelRunner) -> None:
+    def __init__(self, inner: Runner) -> None:
         self.inner = inner
         self.last_forward_s = 0.0
         self.calls: list[tuple[float, int]] = []
@@ -170,7 +170,7 @@ def engine_overhead(
     after another (outputs of 4 to 27 tokens), so the batch shrinks step by step."""
     blocks = num_requests * -(-(prompt_len + 32) // config.block_size) + 16
     engine = LLMEngine.from_config(replace(config, num_kv_blocks=blocks), bundle=bundle)
-    runner = _TimedRunner(engine.runner)  # type: ignore[arg-type]
+    runner = _TimedRunner(engine.runner)
     engine.runner = runner
     vocab = bundle.config.vocab_size
     for i in range(num_requests):

@@ -28,10 +28,10 @@ from sim.cost_model import CostModel, StepShape
 PROFILES = Path(__file__).parent / "profiles"
 
 
-def _load(cls: type, path: Path) -> Any:
+def _field_values(cls: type, path: Path) -> dict[str, Any]:
     """The dataclass's fields from a JSON file (``*_source`` and other notes are kept there)."""
     data = json.loads(path.read_text())
-    return cls(**{f.name: data[f.name] for f in fields(cls)})
+    return {f.name: data[f.name] for f in fields(cls)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,7 @@ class GpuProfile:
 
     @classmethod
     def load(cls, name_or_path: str | Path) -> GpuProfile:
-        return _load(cls, _profile_path("gpus", name_or_path))
+        return cls(**_field_values(cls, _profile_path("gpus", name_or_path)))
 
     @property
     def bandwidth(self) -> float:
@@ -77,7 +77,7 @@ class ModelShape:
 
     @classmethod
     def load(cls, name_or_path: str | Path) -> ModelShape:
-        return _load(cls, _profile_path("models", name_or_path))
+        return cls(**_field_values(cls, _profile_path("models", name_or_path)))
 
     @property
     def layer_params(self) -> int:

@@ -19,8 +19,9 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
+from engine.outputs import RequestMetrics
 from engine.stats import percentile
 from policies.base import PolicySpec
 from policies.continuous import DEFAULT_MAX_PREFILL_TOKENS
@@ -28,6 +29,8 @@ from policies.registry import POLICIES
 from sim.cost_model import CostModel
 from sim.simulator import SimResult, SimSetup, simulate
 from sim.trace import ARTICLE_INPUT, ARTICLE_OUTPUT, TraceRequest, poisson_trace
+
+V = TypeVar("V")
 
 METRICS = ("ttft", "tpot", "e2e")
 PADDED_POLICIES = ("static", "dynamic")
@@ -95,8 +98,8 @@ class Probe:
     output_tok_s: float
 
 
-def _value(record_metrics: Any, metric: str) -> float | None:
-    value = getattr(record_metrics, metric)
+def _value(record_metrics: RequestMetrics, metric: str) -> float | None:
+    value: float | None = getattr(record_metrics, metric)  # a Target's metric is one of METRICS
     if metric == "tpot" and value is None and record_metrics.first_token_time is not None:
         return 0.0  # a single output token has no gap to wait for
     return value
@@ -186,6 +189,17 @@ def max_rate(
     return good, probes
 
 
+def _parsed(text: str | None, parse: Callable[[str], V], default: tuple[V, ...]) -> tuple[V, ...]:
+    """Comma-separated values, each through ``parse``; None or empty: ``default``."""
+    if not text:
+        return default
+    return tuple(parse(v.strip()) for v in text.split(",") if v.strip())
+
+
+def _int_or_none(text: str) -> int | None:
+    return None if text in ("null", "none") else int(text)
+
+
 @dataclass(frozen=True, slots=True)
 class Grid:
     """The settings searched per policy; every combination is tried."""
@@ -198,17 +212,25 @@ class Grid:
     above a setting's step budget is that budget."""
 
     @classmethod
-    def of(cls, **lists: str | None) -> Grid:
-        """From comma-separated values per field (``max_num_seqs="64,256"``, ``null`` for
-        None); a field given None or left out keeps its default."""
+    def of(
+        cls,
+        *,
+        max_num_seqs: str | None = None,
+        max_num_batched_tokens: str | None = None,
+        memory_reserve: str | None = None,
+        max_prefill_tokens: str | None = None,
+    ) -> Grid:
+        """From comma-separated values per field (``max_num_seqs="64,256"``; ``null`` for
+        None in ``max_prefill_tokens``); a field given None or left out keeps its default."""
         grid = cls()
-        for name, text in lists.items():
-            if text:
-                kind = float if name == "memory_reserve" else int
-                values = [v.strip() for v in text.split(",") if v.strip()]
-                parsed = tuple(None if v in ("null", "none") else kind(v) for v in values)
-                grid = replace(grid, **{name: parsed})
-        return grid
+        return cls(
+            max_num_seqs=_parsed(max_num_seqs, int, grid.max_num_seqs),
+            max_num_batched_tokens=_parsed(
+                max_num_batched_tokens, int, grid.max_num_batched_tokens
+            ),
+            memory_reserve=_parsed(memory_reserve, float, grid.memory_reserve),
+            max_prefill_tokens=_parsed(max_prefill_tokens, _int_or_none, grid.max_prefill_tokens),
+        )
 
     def settings(self, base: SimSetup) -> list[SimSetup]:
         combos = itertools.product(
@@ -234,7 +256,7 @@ def spec_for(policy: str, setup: SimSetup, **extra: Any) -> PolicySpec:
     static and dynamic groups are as large as the engine cap allows. ``extra``: more params
     (the grid's prefill budget)."""
     params = {"max_batch_size": setup.max_num_seqs} if policy in PADDED_POLICIES else {}
-    return PolicySpec(name=policy, params={**params, **extra})  # type: ignore[arg-type]
+    return PolicySpec(name=policy, params={**params, **extra})
 
 
 @dataclass(slots=True)

@@ -319,11 +319,14 @@ class ConsoleApp(RegistryBindings, App[None], inherit_bindings=False):
         try:
             # return_exceptions: a failed state call must not leave the page's fetch running
             # on after this poll ends (the page's own ClientErrors never reach here).
-            main, *rest = await asyncio.gather(self._main_data(), *page, return_exceptions=True)
-            for outcome in (*rest, main):
-                if isinstance(outcome, BaseException):
-                    raise outcome
-            state, jobs = main  # type: ignore[misc]
+            main, loaded = await asyncio.gather(
+                self._main_data(), asyncio.gather(*page), return_exceptions=True
+            )
+            if isinstance(loaded, BaseException):
+                raise loaded
+            if isinstance(main, BaseException):
+                raise main
+            state, jobs = main
         except ApiError as exc:
             self._failed(exc, refused=exc.status in (401, 403))
         except ClientError as exc:
@@ -413,4 +416,5 @@ def run_console(
     }
     if read_only:
         overrides["read_only"] = True
+    # Only the flags given: the others still come from SERVEDECK_TUI_* or the defaults.
     ConsoleApp(ConsoleSettings(**overrides)).run()  # type: ignore[arg-type]

@@ -30,7 +30,7 @@ class RegistryBindings:
         if "BINDINGS" in cls.__dict__:
             raise TypeError(f"{cls.__name__}: keys come from tui/commands.py, not BINDINGS")
         if "COMMAND_SCOPE" in cls.__dict__:
-            cls.BINDINGS = bindings_for(cls.COMMAND_SCOPE)
+            cls.BINDINGS = [*bindings_for(cls.COMMAND_SCOPE)]
         super().__init_subclass__(**kwargs)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:

@@ -8,6 +8,7 @@ its key does nothing and is not shown (``action_enabled``, used by every screen'
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
@@ -277,7 +278,7 @@ class RegistryCommands(Provider):
         found += [(c, True) for c in commands_for("app", read_only)]
         return [(c, on_app) for c, on_app in found if c.in_palette]
 
-    def _runner(self, command: Command, on_app: bool) -> partial[object]:
+    def _runner(self, command: Command, on_app: bool) -> Callable[[], Awaitable[object]]:
         target = self.app if on_app else self.screen
         return partial(target.run_action, command.action)
 

@@ -12,7 +12,7 @@ again, so a row stored without a state cannot pass for applied.
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-import sqlmodel
+import sqlmodel.sql.sqltypes
 from alembic import op
 
 revision: str = "0002"

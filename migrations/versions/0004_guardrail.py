@@ -9,7 +9,7 @@ Create Date: 2026-11-30 08:25:00
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-import sqlmodel
+import sqlmodel.sql.sqltypes
 from alembic import op
 
 revision: str = "0004"

@@ -17,12 +17,13 @@ if TYPE_CHECKING:
 class ConsoleScreen(RegistryBindings, Screen[None]):
     """A full screen; a subclass names its ``COMMAND_SCOPE`` and gets that scope's keys."""
 
-    def __init__(self, read_only: bool, **kwargs: object) -> None:
+    def __init__(self, read_only: bool) -> None:
         self.read_only = read_only
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+        super().__init__()
 
     @property
     def console(self) -> ConsoleApp:
+        # Screen.app is an App of unknown type; every console screen is pushed by ConsoleApp.
         return self.app  # type: ignore[return-value]
 
 
@@ -32,6 +33,6 @@ T = TypeVar("T")
 class DialogScreen(RegistryBindings, ModalScreen[T]):
     COMMAND_SCOPE: ClassVar[Scope] = "dialog"
 
-    def __init__(self, read_only: bool = False, **kwargs: object) -> None:
+    def __init__(self, read_only: bool = False) -> None:
         self.read_only = read_only
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+        super().__init__()

@@ -16,8 +16,10 @@ Thresholds = dict[str, tuple[float, float]]
 class LatencyPanel(Widget):
     latency: reactive[Latency | None] = reactive(None)
 
-    def __init__(self, thresholds: Thresholds, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(
+        self, thresholds: Thresholds, *, id: str | None = None, classes: str | None = None
+    ) -> None:
+        super().__init__(id=id, classes=classes)
         self.thresholds = thresholds
 
     def on_mount(self) -> None:

@@ -16,8 +16,10 @@ class MaintenancePanel(Widget):
     job: reactive[Job | None] = reactive(None)
     runs: reactive[tuple[ReclaimRun, ...]] = reactive(())
 
-    def __init__(self, run_key: str | None, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(
+        self, run_key: str | None, *, id: str | None = None, classes: str | None = None
+    ) -> None:
+        super().__init__(id=id, classes=classes)
         self.run_key = run_key
 
     def on_mount(self) -> None:

@@ -52,7 +52,11 @@ def one_line(text: str) -> str:
 
 
 def row_cells(row: ReplicaRow, in_force: int, now: float, draining: bool = False) -> Row:
-    view, num = row.view, lambda n: Text(str(n), justify="right")
+    view = row.view
+
+    def num(n: object) -> Text:
+        return Text(str(n), justify="right")
+
     restarted = row.restarted(now)
     if not row.up:
         state = Text("DOWN", style="bold red")
@@ -108,8 +112,8 @@ def totals_text(totals: ReplicaTotals | None, in_force: int) -> Text:
 
 
 class ReplicaPanel(Vertical):
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
         self.roster = ReplicaRoster()
         self.rows: Sequence[ReplicaRow] = ()
         self.border_title = "Replicas"

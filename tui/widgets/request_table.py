@@ -54,8 +54,8 @@ class RequestTable(DataTable[Cell]):
     sort_reverse: reactive[bool] = reactive(True)
     filter_text: reactive[str] = reactive("")
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, id=id, classes=classes)
         self._requests: Sequence[RequestInfo] = ()
         self.total = 0
 

@@ -12,6 +12,11 @@ from textual.validation import Integer, Number, Validator
 from textual.widgets import Input, Label, Select, Static, Switch
 
 Kind = Literal["integer", "number", "boolean", "string", "enum"]
+_INPUT_TYPES: dict[Kind, Literal["integer", "number", "text"]] = {
+    "integer": "integer",
+    "number": "number",
+}
+"""The Input's own check for a numeric kind (any other kind types free text)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +43,7 @@ class FieldSpec:
     ) -> FieldSpec:
         variants = schema.get("anyOf") or [schema]
         nullable = any(v.get("type") == "null" for v in variants)
-        main = next((v for v in variants if v.get("type") != "null"), {})
+        main: dict[str, Any] = next((v for v in variants if v.get("type") != "null"), {})
         merged = {**main, **{k: v for k, v in schema.items() if k != "anyOf"}}
         kind: Kind = "enum" if "enum" in merged else merged.get("type", "string")
         return cls(
@@ -126,7 +131,7 @@ class SchemaField(Vertical):
             yield Input(
                 "" if self.initial is None else str(self.initial),
                 placeholder=spec.null_means if spec.nullable else spec.kind,
-                type={"integer": "integer", "number": "number"}.get(spec.kind, "text"),
+                type=_INPUT_TYPES.get(spec.kind, "text"),
                 validators=spec.validators(),
                 valid_empty=spec.nullable,
                 classes="field-input",

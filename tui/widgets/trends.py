@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from textual.app import ComposeResult
@@ -44,7 +44,7 @@ class TrendHistory:
         self.trends["queue"].points.append(float(state.queue.waiting + state.queue.running))
         self.trends["kv"].points.append(state.kv.usage * 100)
 
-    def __iter__(self) -> Iterable[tuple[str, Trend]]:
+    def __iter__(self) -> Iterator[tuple[str, Trend]]:
         return iter(self.trends.items())
 
 
