@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -20,7 +20,7 @@ from kernels.triton_backend import TritonAttentionBackend
 
 Backend = Literal["torch", "triton"]
 BackendChoice = Literal["auto", "torch", "triton"]
-BACKENDS: dict[str, type[AttentionBackend]] = {
+BACKENDS: dict[str, type[AttentionBackend[Any]]] = {
     cls.name: cls for cls in (TorchAttentionBackend, TritonAttentionBackend)
 }
 
@@ -47,8 +47,12 @@ def resolve_backend(choice: BackendChoice, device: torch.device) -> Backend:
     return "triton" if device.type == "cuda" and triton_available() else "torch"
 
 
-def make_backend(name: Backend, kv_caches: list[torch.Tensor], block_size: int) -> AttentionBackend:
-    """The backend ``name`` (as ``resolve_backend`` chose it) over this pool."""
+def make_backend(
+    name: Backend, kv_caches: list[torch.Tensor], block_size: int
+) -> AttentionBackend[Any]:
+    """The backend ``name`` (as ``resolve_backend`` chose it) over this pool. Its metadata type
+    is the backend's own (``Any`` here): the runner hands ``prepare``'s result back to
+    ``forward`` untouched."""
     cls = BACKENDS.get(name)
     if cls is None:
         raise ValueError(f"unknown attention backend {name!r} (known: {', '.join(BACKENDS)})")
