@@ -47,8 +47,7 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.outputs import RequestOutput
-from policies.base import PolicySpec
-from policies.registry import validate_params
+from policies.spec import check_caps, default_spec
 
 if TYPE_CHECKING:
     from control.fleet.fleet import Fleet
@@ -314,11 +313,11 @@ def _load_runtime(
     llm_engine = LLMEngine.from_config(config)
     spec, refused = in_force.policy, None
     try:
-        validate_params(spec, llm_engine.limits)
+        check_caps(spec, llm_engine.limits)  # parsed once with its row
     except ValidationError as exc:
         log.error("stored %s params do not fit this engine, using defaults: %s", spec.name, exc)
         refused = f"the params do not fit this engine (its defaults run instead): {exc}"
-        spec = PolicySpec(name=spec.name)
+        spec = default_spec(spec.name)
     llm_engine.set_policy(spec, version=row.version).result()  # this thread owns the engine
     in_force.policy = spec
     predictor = Predictor(

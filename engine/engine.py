@@ -44,8 +44,9 @@ from engine.snapshot import (
     Totals,
 )
 from engine.stats import EngineStats, StepRecord
-from policies.base import PolicySpec, SchedulingPolicy
+from policies.base import SchedulingPolicy
 from policies.registry import as_spec, make_policy
+from policies.spec import PolicySpec
 
 if TYPE_CHECKING:
     from engine.builder import ModelBundle

@@ -32,8 +32,7 @@ from control.guardrail.schemas import (
 from control.schemas import PolicySettings, SettingPrediction
 from engine.config import EngineLimits
 from engine.outputs import RequestMetrics, RequestOutput
-from policies.base import PolicySpec
-from policies.registry import validate_params
+from policies.spec import check_caps, default_spec, parse_spec
 
 LIMITS = EngineLimits(
     block_size=16, num_kv_blocks=1000, max_model_len=2048, max_num_seqs=256,
@@ -44,7 +43,7 @@ T0 = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 
 
 def settings(name: str = "continuous", reserve: float = 0.1, **params: Any) -> PolicySettings:
-    spec = PolicySpec(name=name, params=params)  # type: ignore[arg-type]
+    spec = parse_spec({"name": name, "params": params})
     return PolicySettings(policy=spec, memory_reserve=reserve, reclaim_interval_s=60.0)
 
 
@@ -63,7 +62,7 @@ def prediction(tput: float = 800.0, ttft: float | None = 0.5, **more: Any) -> Se
 
 
 def effective(s: PolicySettings) -> tuple[Any, ...]:
-    params = validate_params(s.policy, LIMITS).effective(LIMITS)
+    params = s.policy.params.effective(LIMITS)
     return (s.policy.name, tuple(sorted(params.items())), s.memory_reserve)
 
 
@@ -82,7 +81,8 @@ WIDE = {
 def assert_inside(found: list[PolicySettings], cfg: GuardrailConfig) -> None:
     """Every candidate after the first valid under the engine caps and inside every bound."""
     for s in found[1:]:
-        params = validate_params(s.policy, LIMITS).effective(LIMITS)  # raises when invalid
+        check_caps(s.policy, LIMITS)  # raises when invalid
+        params = s.policy.params.effective(LIMITS)
         assert s.policy.name in cfg.bounds.policies
         for knob in ("max_num_seqs", "max_num_batched_tokens", "single_request_below"):
             bound = getattr(cfg.bounds, knob)
@@ -151,7 +151,7 @@ def test_candidates_drop_params_above_an_engine_cap_and_duplicates_in_effect() -
     found = candidates(too_big, config(policies=["static", "dynamic"]), LIMITS)
     assert found[0] == too_big
     assert [s.policy for s in found[1:]] == [
-        PolicySpec(name="static"), PolicySpec(name="dynamic")
+        default_spec("static"), default_spec("dynamic")
     ]  # fmt: skip
 
 
