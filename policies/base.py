@@ -132,9 +132,12 @@ class PolicyParams(BaseModel):
         return {k: v for k, v in handler(self).items() if k in self.model_fields_set}
 
     def over_caps(self, limits: EngineLimits) -> dict[str, str]:
-        """Each field above its engine cap, with why (empty: all fit)."""
+        """Each field given above its engine cap, with why (empty: all fit). A default is
+        never checked, as a parse never checks one: the policy keeps it within the cap."""
         errors = {}
         for field, limit_name in self.caps.items():
+            if field not in self.model_fields_set:
+                continue
             if (why := cap_error(field, getattr(self, field), limit_name, limits)) is not None:
                 errors[field] = why
         return errors

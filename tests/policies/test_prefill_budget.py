@@ -213,7 +213,7 @@ def test_capacity_search_tunes_the_prefill_budget():
 
     slo = Slo.parse("tpot_p99=100ms")
     result = search(trace, PerToken(), ["continuous", "dynamic"], slo, grid, setup)
-    budgets = [c.spec.params.get("max_prefill_tokens", "-") for c in result.capacities]
+    budgets = [c.spec.params.model_dump().get("max_prefill_tokens", "-") for c in result.capacities]
     assert budgets == [64, None, 1024, "-"]
     rates = {b: c.rate for b, c in zip(budgets, result.capacities, strict=True)}
     assert rates[64] > 0 and rates[None] == rates[1024] == 0
@@ -231,7 +231,7 @@ def test_guardrail_candidates_vary_the_prefill_budget_within_its_bounds():
         policy=default_spec("continuous"), memory_reserve=0.1, reclaim_interval_s=60.0
     )
     found = {
-        (c.policy.name, c.policy.params.get("max_prefill_tokens"))
+        (c.policy.name, c.policy.params.model_dump().get("max_prefill_tokens"))
         for c in candidates(current, config, LIMITS)
     }
     # min, geometric midpoint and max (4,096 lowered to the engine's 256) for both policies
