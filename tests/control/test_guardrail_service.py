@@ -172,7 +172,7 @@ def test_applied_then_observed_after_from_the_next_interval(world: World) -> Non
     decision = world.evaluate()
     assert decision is not None and decision.outcome == "applied"
     assert world.newest() == (decision.version, "guardrail") and world.applied[-1] == 3
-    assert decision.chosen.policy.params == {"max_num_batched_tokens": 2048}
+    assert decision.chosen.policy.params.model_dump() == {"max_num_batched_tokens": 2048}
     assert decision.observed_before is not None and decision.observed_before.requests == 8
     assert decision.observed_after is None and decision.trace_requests == 8
 
