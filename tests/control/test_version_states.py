@@ -255,6 +255,7 @@ def test_other_methods_on_the_policy_are_405_naming_both(client: httpx.Client, m
 
 def test_policy_params_schema_is_per_policy_with_the_engine_caps(client: httpx.Client) -> None:
     schemas = client.get("/openapi.json").json()["components"]["schemas"]
+
     def ref(schema: dict) -> dict:
         return schemas[schema["$ref"].rsplit("/", 1)[1]]
 
