@@ -13,7 +13,8 @@ from bench import workloads as wl
 from bench.presets import SUITES, Preset
 from bench.runner import EngineSettings, Hooks
 from bench.workloads import Workload
-from policies.registry import POLICIES, as_spec, validate_params
+from policies.registry import POLICIES
+from policies.spec import parse_spec
 
 SEED = 0
 
@@ -75,7 +76,7 @@ def batch_field(policy: str) -> str:
 
 def max_batch_of(settings: EngineSettings) -> int:
     """The batch cap the run's policy works under: its param, else the engine's cap."""
-    params = validate_params(as_spec({"name": settings.policy, "params": settings.policy_params}))
+    params = parse_spec({"name": settings.policy, "params": settings.policy_params}).params
     return getattr(params, batch_field(settings.policy)) or settings.config().max_num_seqs
 
 

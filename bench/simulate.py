@@ -84,7 +84,7 @@ def run_result(
         "id": f"sim/{workload.name}/{workload.concurrency or len(workload.requests)}/{policy}",
         "suite": workload.suite,
         "policy": policy,
-        "policy_params": setup_policy.params if setup_policy else {},
+        "policy_params": setup_policy.params.model_dump() if setup_policy else {},
         "workload": workload.name,
         "concurrency": workload.concurrency,
         "num_requests": len(workload.requests),

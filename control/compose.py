@@ -46,8 +46,7 @@ from engine.config import EngineConfig, EngineLimits
 from engine.engine import LLMEngine
 from engine.front import EngineFront
 from engine.outputs import RequestOutput
-from policies.base import PolicySpec
-from policies.registry import validate_params
+from policies.spec import check_caps, default_spec
 
 log = logging.getLogger(__name__)
 
@@ -181,11 +180,11 @@ def _fitting(stored: PolicySettings, limits: EngineLimits) -> tuple[PolicySettin
     engine (and why, for the version's state)."""
     spec = stored.policy
     try:
-        validate_params(spec, limits)
+        check_caps(spec, limits)  # parsed once with its row
     except ValidationError as exc:
         log.error("stored %s params do not fit this engine, using defaults: %s", spec.name, exc)
         refused = f"the params do not fit this engine (its defaults run instead): {exc}"
-        return stored.model_copy(update={"policy": PolicySpec(name=spec.name)}), refused
+        return stored.model_copy(update={"policy": default_spec(spec.name)}), refused
     return stored, None
 
 

@@ -47,6 +47,11 @@ class PolicyVersion(SQLModel, table=True):
     version: int = Field(primary_key=True)
     policy_name: str
     policy_params: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
+    queue: dict[str, Any] | None = Field(
+        default=None,
+        sa_type=JSON,
+        description="policies.queue.QueueSpec as JSON; null in rows stored before it (fcfs).",
+    )
     memory_reserve: float
     reclaim_interval_s: float
     explicit: list[str] = Field(

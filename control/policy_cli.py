@@ -18,8 +18,9 @@ from typing import Any
 
 from control import rest_cli
 
-SETTINGS_KEYS = ("policy", "memory_reserve", "reclaim_interval_s")
-"""What a policy file holds (``PolicySettings``); ``reason`` may be given too."""
+SETTINGS_KEYS = ("policy", "queue", "memory_reserve", "reclaim_interval_s")
+"""What a policy file holds (``PolicySettings``); ``reason`` may be given too. A file without
+``queue`` (every file printed before it existed) keeps the queue in force."""
 
 
 def settings_yaml(view: dict[str, Any]) -> str:

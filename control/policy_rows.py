@@ -15,10 +15,11 @@ from control.schemas import (
     VersionStatus,
 )
 from engine.config import config_default
-from policies.base import PolicySpec
+from policies.queue import FcfsQueue
+from policies.spec import default_spec, parse_spec
 
 DEFAULT_SETTINGS = PolicySettings(
-    policy=PolicySpec(name=config_default("policy")),
+    policy=default_spec(config_default("policy")),
     memory_reserve=config_default("memory_reserve"),
     reclaim_interval_s=5.0,
 )
@@ -43,7 +44,7 @@ def with_overrides(row: PolicyVersion, overrides: dict[str, Any]) -> PolicySetti
     settings = settings_of(row)
     name = overrides.get("policy.name")
     if name is not None and name != settings.policy.name:
-        settings.policy = PolicySpec(name=name)
+        settings.policy = default_spec(name)
     for field in ("memory_reserve", "reclaim_interval_s"):
         if field in overrides:
             setattr(settings, field, overrides[field])
@@ -51,8 +52,12 @@ def with_overrides(row: PolicyVersion, overrides: dict[str, Any]) -> PolicySetti
 
 
 def settings_of(row: PolicyVersion) -> PolicySettings:
+    """A stored version's settings, parsed once (not checked against the engine caps: a row
+    stays readable when the engine shrank; the caps are checked where it is put into force).
+    A row stored before the queue axis existed reads as ``fcfs``."""
     return PolicySettings(
-        policy=PolicySpec(name=row.policy_name, params=dict(row.policy_params)),  # type: ignore[arg-type]
+        policy=parse_spec({"name": row.policy_name, "params": row.policy_params}),
+        queue=row.queue or FcfsQueue(),
         memory_reserve=row.memory_reserve,
         reclaim_interval_s=row.reclaim_interval_s,
     )
@@ -80,8 +85,10 @@ def public(row: PolicyVersion) -> PolicyVersionPublic:
 
 def flatten(settings: PolicySettings) -> dict[str, Any]:
     flat: dict[str, Any] = {"policy.name": settings.policy.name}
-    for key in sorted(settings.policy.params):
-        flat[f"policy.params.{key}"] = settings.policy.params[key]
+    params = settings.policy.params.model_dump(mode="json")
+    for key in sorted(params):
+        flat[f"policy.params.{key}"] = params[key]
+    flat["queue.name"] = settings.queue.name
     flat["memory_reserve"] = settings.memory_reserve
     flat["reclaim_interval_s"] = settings.reclaim_interval_s
     return flat
@@ -90,7 +97,7 @@ def flatten(settings: PolicySettings) -> dict[str, Any]:
 def diff(before: PolicySettings, after: PolicySettings) -> list[FieldChange]:
     old, new = flatten(before), flatten(after)
     params = sorted({f for f in (*old, *new) if f.startswith("policy.params.")})
-    fields = ["policy.name", *params, "memory_reserve", "reclaim_interval_s"]
+    fields = ["policy.name", *params, "queue.name", "memory_reserve", "reclaim_interval_s"]
     return [
         FieldChange(field=f, before=old.get(f), after=new.get(f))
         for f in fields
@@ -116,7 +123,8 @@ def new_row(
     return PolicyVersion(
         version=version,
         policy_name=settings.policy.name,
-        policy_params=dict(settings.policy.params),
+        policy_params=settings.policy.params.model_dump(mode="json"),
+        queue=settings.queue.model_dump(mode="json"),
         memory_reserve=settings.memory_reserve,
         reclaim_interval_s=settings.reclaim_interval_s,
         explicit=explicit,

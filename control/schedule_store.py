@@ -39,8 +39,7 @@ from control.schemas import (
     ScheduleView,
 )
 from control.store import PolicyStore, VersionConflict
-from policies.base import PolicySpec
-from policies.registry import validate_params
+from policies.spec import PolicySpec, check_caps, parse_spec
 
 log = logging.getLogger(__name__)
 
@@ -122,14 +121,11 @@ class Schedules:
     # -- writing ---------------------------------------------------------------------------
 
     def create(self, session: Session, body: ScheduleCreate, actor: str) -> ScheduleView:
-        try:
-            params = validate_params(body.policy, self._store.limits)
-        except ValidationError as exc:
-            raise SettingsInvalid(pydantic_errors(exc, ("policy", "params"))) from None
+        """``body`` as validated at the edge (the engine caps included)."""
         row = Schedule(
             **body.model_dump(exclude={"policy"}),
             policy_name=body.policy.name,
-            policy_params=params.model_dump(mode="json", exclude_unset=True),
+            policy_params=body.policy.params.model_dump(mode="json"),
             actor=actor,
         )
         session.add(row)
@@ -185,11 +181,16 @@ class Schedules:
     def _start(self, session: Session, row: Schedule, start: datetime, end: datetime) -> None:
         newest = self._store.newest(session)
         update = PolicyUpdate(
-            policy=PolicySpec(name=row.policy_name, params=row.policy_params),  # type: ignore[arg-type]
+            policy=spec_of_row(row),
             memory_reserve=row.memory_reserve,
             reason=f"schedule {row.id}: window {_stamp(start)} to {_stamp(end)}: {row.reason}",
         )
         try:
+            if update.policy is not None:  # a stored row, checked against this engine's caps
+                try:
+                    check_caps(update.policy, self._store.limits)
+                except ValidationError as exc:
+                    raise SettingsInvalid(pydantic_errors(exc, ("policy",))) from None
             result = self._store.update(
                 session, update, f"{ACTOR_PREFIX}{row.id}", if_match=newest.version
             )
@@ -259,3 +260,8 @@ class Schedules:
         if oldest is None or oldest.before is None:
             return None
         return PolicySettings.model_validate(oldest.before)
+
+
+def spec_of_row(row: Schedule) -> PolicySpec:
+    """A schedule's stored spec, parsed once (the engine caps are checked when it applies)."""
+    return parse_spec({"name": row.policy_name, "params": row.policy_params})

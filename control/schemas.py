@@ -15,7 +15,6 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
-    WithJsonSchema,
     field_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -27,8 +26,9 @@ from control.schedules import TIMEZONE_MAX_LENGTH, check_fires, cron_trigger, wa
 from engine.kv_stats import KVStats
 from engine.sampling_params import MAX_LOGPROBS, MAX_N
 from engine.snapshot import Latency, QueueDepths, RequestSnapshot, Throughput, Totals
-from policies.base import PolicySnapshot, PolicySpec
-from policies.registry import params_schemas
+from policies.base import PolicySnapshot
+from policies.queue import FcfsQueue, QueueSpec
+from policies.spec import PolicySpec
 
 Source = Literal["default", "stored", "override"]
 
@@ -332,6 +332,11 @@ class PolicySettings(BaseModel):
     """What a policy version holds."""
 
     policy: PolicySpec
+    queue: QueueSpec = Field(
+        default_factory=FcfsQueue,
+        description="Queue order beside the batching policy (only fcfs yet; the engine does "
+        "not read it: fcfs is what every policy does).",
+    )
     memory_reserve: float = memory_reserve_field()
     reclaim_interval_s: float = reclaim_interval_field()
 
@@ -349,32 +354,11 @@ class PolicyView(BaseModel):
     status: VersionStatus
 
 
-def policy_spec_schema(nullable: bool = True) -> dict[str, Any]:
-    """``PolicySpec`` as a PUT validates it: one branch per policy whose ``params`` is that
-    policy's params schema (unknown keys refused); ``null`` too when ``nullable``. The
-    engine caps of the capped params are written in by the server
-    (``admin_policy.document_policy_caps``)."""
-    branches = [
-        {
-            "type": "object",
-            "title": f"PolicySpec ({name})",
-            "properties": {"name": {"const": name}, "params": params},
-            "required": ["name"],
-            "additionalProperties": False,
-        }
-        for name, params in params_schemas().items()
-    ]
-    if not nullable:
-        return {"oneOf": branches}
-    return {"anyOf": [{"oneOf": branches}, {"type": "null"}], "default": None}
-
-
 class PolicyUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    policy: Annotated[PolicySpec | None, WithJsonSchema(policy_spec_schema())] = Field(
-        None, description="A full spec: its params replace all."
-    )
+    policy: PolicySpec | None = Field(None, description="A full spec: its params replace all.")
+    queue: QueueSpec | None = Field(None, description="Queue order (absent: kept as it is).")
     # Strict: a number (an integer is one), never a boolean or a numeric string.
     memory_reserve: StrictFloat | None = memory_reserve_field(None)
     reclaim_interval_s: StrictFloat | None = reclaim_interval_field(None)
@@ -587,7 +571,7 @@ class ScheduleCreate(BaseModel):
     timezone: StrictStr = Field(
         "UTC", max_length=TIMEZONE_MAX_LENGTH, description="IANA zone of cron and until."
     )
-    policy: Annotated[PolicySpec, WithJsonSchema(policy_spec_schema(nullable=False))]
+    policy: PolicySpec
     memory_reserve: StrictFloat | None = memory_reserve_field(None)
     reason: str = Field(min_length=1, pattern=REASON_PATTERN, description="Why: required.")
     priority: JsonInt = Field(0, ge=-1000, le=1000, description="Higher wins an overlap.")

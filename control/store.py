@@ -29,12 +29,7 @@ from sqlmodel import Session, col, func, select, update
 from control.core.db import unavailable
 from control.metrics import ControlMetrics
 from control.models import PolicyVersion, as_utc, utcnow
-from control.policy_checks import (
-    SettingsInvalid,
-    param_type_errors,
-    pydantic_errors,
-    spec_or_none,
-)
+from control.policy_checks import SettingsInvalid, parse_body, pydantic_errors
 from control.policy_rows import (
     diff,
     new_row,
@@ -55,8 +50,7 @@ from control.schemas import (
     VersionStatus,
 )
 from engine.config import EngineLimits
-from policies.base import PolicySpec
-from policies.registry import POLICIES, validate_params
+from policies.spec import PolicySpec, check_caps, default_spec
 
 __all__ = [
     "Apply",
@@ -68,6 +62,7 @@ __all__ = [
 ]
 
 TOP_LEVEL = ("policy.name", "memory_reserve", "reclaim_interval_s")
+"""What a start-up flag may override (the queue has no flag)."""
 
 log = logging.getLogger(__name__)
 
@@ -156,11 +151,9 @@ class PolicyStore:
 
     def effective_params(self, spec: PolicySpec) -> dict[str, Any]:
         """Every param in force; a ``None`` default means the engine cap, shown as its value."""
-        try:
-            params = validate_params(spec, self.limits)
-        except ValidationError:  # stored params that no longer fit: the engine took defaults
-            params = validate_params(PolicySpec(name=spec.name), self.limits)
-        return params.effective(self.limits)
+        if spec.params.over_caps(self.limits):  # stored params that no longer fit: the
+            spec = default_spec(spec.name)  # engine took the defaults
+        return spec.params.effective(self.limits)
 
     def _sources(self, row: PolicyVersion, settings: PolicySettings) -> dict[str, Source]:
         def top(field: str) -> Source:
@@ -169,9 +162,11 @@ class PolicyStore:
             return "stored" if field in row.explicit else "default"
 
         sources: dict[str, Source] = {"policy.name": top("policy.name")}
-        for field in POLICIES[settings.policy.name].params_model.model_fields:
-            given = field in settings.policy.params
+        params = settings.policy.params
+        for field in type(params).model_fields:
+            given = field in params.model_fields_set
             sources[f"policy.params.{field}"] = "stored" if given else "default"
+        sources["queue.name"] = top("queue.name")
         sources["memory_reserve"] = top("memory_reserve")
         sources["reclaim_interval_s"] = top("reclaim_interval_s")
         return sources
@@ -191,40 +186,13 @@ class PolicyStore:
     # -- validation ------------------------------------------------------------------------
 
     def validate(self, raw: Any) -> PolicyUpdate:
-        """Validate a PUT body against the live engine; raise SettingsInvalid naming every
-        failing field, including policy params checked against the engine caps."""
-        errors: list[dict[str, Any]] = []
-        update: PolicyUpdate | None = None
+        """Validate a PUT body against the live engine, once: raise SettingsInvalid naming
+        every failing field, including policy params checked against the engine caps."""
         try:
-            update = PolicyUpdate.model_validate(raw)
-        except ValidationError as exc:
-            errors.extend(pydantic_errors(exc))
-        spec = update.policy if update is not None else spec_or_none(raw)
-        if spec is not None:
-            typed = param_type_errors(spec)
-            mistyped = {e["loc"] for e in typed}
-            errors.extend(typed)
-            errors.extend(e for e in self._params_errors(spec) if e["loc"] not in mistyped)
-        if errors or update is None:
+            return parse_body(PolicyUpdate, raw, self.limits)
+        except SettingsInvalid:
             self._metrics.count_policy_update("invalid")
-            raise SettingsInvalid(errors)
-        return update
-
-    def _normalized(self, spec: PolicySpec) -> PolicySpec:
-        """The spec with its given params as validated (``16.0`` stored as ``16``)."""
-        try:
-            params = validate_params(spec, self.limits)
-        except ValidationError as exc:
-            self._metrics.count_policy_update("invalid")
-            raise SettingsInvalid(pydantic_errors(exc, ("policy", "params"))) from None
-        return PolicySpec(name=spec.name, params=params.model_dump(exclude_unset=True))
-
-    def _params_errors(self, spec: PolicySpec, prefix: tuple[Any, ...] = ()) -> list[dict]:
-        try:
-            validate_params(spec, self.limits)
-        except ValidationError as exc:
-            return pydantic_errors(exc, (*prefix, "policy", "params"))
-        return []
+            raise
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -236,17 +204,18 @@ class PolicyStore:
         if_match: int | None = None,
         dry_run: bool = False,
     ) -> PolicyUpdateResult:
-        policy = self._normalized(update.policy) if update.policy is not None else None
         with self._lock:
             row = self._current(session, if_match)
             before = self.effective(row)
             after = PolicySettings(
-                policy=policy or before.policy,
+                policy=update.policy or before.policy,
+                queue=update.queue or before.queue,
                 memory_reserve=_given(update.memory_reserve, before.memory_reserve),
                 reclaim_interval_s=_given(update.reclaim_interval_s, before.reclaim_interval_s),
             )
             given = {
                 "policy.name": update.policy,
+                "queue.name": update.queue,
                 "memory_reserve": update.memory_reserve,
                 "reclaim_interval_s": update.reclaim_interval_s,
             }
@@ -286,6 +255,7 @@ class PolicyStore:
         return (
             before.policy.name == after.policy.name
             and self.effective_params(before.policy) == self.effective_params(after.policy)
+            and before.queue == after.queue
             and before.memory_reserve == after.memory_reserve
             and before.reclaim_interval_s == after.reclaim_interval_s
         )
@@ -307,9 +277,13 @@ class PolicyStore:
                     f"policy version {version} does not exist (newest is {row.version})"
                 )
             after = settings_of(target)
-            if errors := self._params_errors(after.policy, ("version", version)):
+            try:
+                check_caps(after.policy, self.limits)
+            except ValidationError as exc:
                 self._metrics.count_policy_update("invalid")
-                raise SettingsInvalid(errors)
+                raise SettingsInvalid(
+                    pydantic_errors(exc, ("version", version, "policy"))
+                ) from None
             reason = reason or f"rollback to version {version}"
             before = self.effective(row)
             explicit = set(target.explicit)

@@ -35,8 +35,9 @@ from engine.sampling_params import SamplingParams
 from engine.sequence import NO_BLOCKS, Sequence
 from engine.snapshot import EngineSnapshot
 from engine.stats import EngineStats, StepRecord
-from policies.base import PolicySpec, SchedulingPolicy
+from policies.base import SchedulingPolicy
 from policies.registry import as_spec, make_policy
+from policies.spec import PolicySpec
 
 if TYPE_CHECKING:
     from engine.builder import ModelBundle

@@ -16,7 +16,6 @@ from engine.kv_stats import KVStats, ReclaimResult
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.shipped_models import embedded_default
-from policies.base import PolicySpec
 
 ENGINE_FIELDS = frozenset(f.name for f in fields(EngineConfig)) - {"model"}
 """Keyword arguments of ``LLM`` that are engine settings; the others are policy params."""
@@ -95,7 +94,7 @@ class LLM:
 
     def set_policy(self, name: str, **params: Any) -> None:
         """Switch policy; takes effect at the next step boundary, nothing is lost."""
-        self.engine.set_policy(PolicySpec(name=name, params=params)).result()  # type: ignore[arg-type]
+        self.engine.set_policy({"name": name, "params": params}).result()
 
     def set_memory_reserve(self, fraction: float) -> None:
         self.engine.set_memory_reserve(fraction).result()

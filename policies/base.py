@@ -19,9 +19,19 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+)
+from pydantic_core import PydanticCustomError
 
 from engine.batch import ScheduledBatch, ScheduledSeq
 from engine.config import EngineLimits
@@ -51,42 +61,96 @@ def max_wait_field(default: float | None) -> Any:
     )
 
 
+JsonType = Literal["integer", "number", "boolean", "null"]
+_IS_JSON: dict[str, Callable[[Any], bool]] = {
+    "integer": lambda v: (
+        (isinstance(v, int) and not isinstance(v, bool))
+        or (isinstance(v, float) and v.is_integer())
+    ),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+}
+
+
+def json_typed(*kinds: JsonType) -> BeforeValidator:
+    """A param takes these JSON types only (stricter than pydantic's lax mode, as JSON Schema
+    types them): ``"16"`` or ``true`` is no integer and ``1`` no boolean, while ``16.0`` is an
+    integer (and becomes ``16``). Bounds and engine caps are checked after."""
+    allowed = " or ".join(sorted(kinds))
+
+    def check(value: Any) -> Any:
+        if not any(_IS_JSON[kind](value) for kind in kinds):
+            raise PydanticCustomError(
+                "json_type", "Input should be of JSON type {types}", {"types": allowed}
+            )
+        if isinstance(value, float) and "integer" in kinds and "number" not in kinds:
+            return int(value)
+        return value
+
+    return BeforeValidator(check)
+
+
+JsonInt = Annotated[int, json_typed("integer")]
+JsonIntOrNull = Annotated[int | None, json_typed("integer", "null")]
+JsonNumberOrNull = Annotated[float | None, json_typed("number", "null")]
+JsonBool = Annotated[bool, json_typed("boolean")]
+
+
+def cap_error(field: str, value: Any, limit_name: str, limits: EngineLimits) -> str | None:
+    """Why ``value`` exceeds the engine cap ``limit_name`` (None: it does not)."""
+    cap = getattr(limits, limit_name)
+    if value is None or value <= cap:
+        return None
+    return f"must be <= the engine cap {limit_name}={cap}, got {value}"
+
+
 class PolicyParams(BaseModel):
     """Base of every policy's params. ``caps`` maps a field to the EngineLimits attribute it
-    may not exceed; the limits come in through the validation context."""
+    may not exceed; at the edge the limits come in through the validation context
+    (``{"limits": ...}``), a value read back from the store is checked with ``over_caps``.
+
+    The params given are the params: a dump holds only the fields that were set (a stored
+    version keeps following the defaults for the rest), ``effective`` fills in the rest."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     caps: ClassVar[dict[str, str]] = {}
-    max_wait_s: float | None = max_wait_field(None)
+    max_wait_s: JsonNumberOrNull = max_wait_field(None)
 
     @field_validator("*")
     @classmethod
     def _within_engine_caps(cls, value: Any, info: ValidationInfo) -> Any:
         limit_name = cls.caps.get(info.field_name or "")
         limits = (info.context or {}).get("limits")
-        if value is None or limit_name is None or limits is None:
+        if limit_name is None or limits is None:
             return value
-        cap = getattr(limits, limit_name)
-        if value > cap:
-            raise ValueError(f"must be <= the engine cap {limit_name}={cap}, got {value}")
+        if (why := cap_error(info.field_name or "", value, limit_name, limits)) is not None:
+            raise ValueError(why)
         return value
+
+    @model_serializer(mode="wrap")
+    def _given_only(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]  # unannotated: the schema stays the model's
+        return {k: v for k, v in handler(self).items() if k in self.model_fields_set}
+
+    def over_caps(self, limits: EngineLimits) -> dict[str, str]:
+        """Each field given above its engine cap, with why (empty: all fit). A default is
+        never checked, as a parse never checks one: the policy keeps it within the cap."""
+        errors = {}
+        for field, limit_name in self.caps.items():
+            if field not in self.model_fields_set:
+                continue
+            if (why := cap_error(field, getattr(self, field), limit_name, limits)) is not None:
+                errors[field] = why
+        return errors
 
     def effective(self, limits: EngineLimits) -> dict[str, Any]:
         """Every param in force: a capped field left ``None`` shows the engine cap it stands
         for; any other ``None`` (``max_wait_s``) means the feature is off."""
-        params = self.model_dump()
+        params = {field: getattr(self, field) for field in type(self).model_fields}
         for field, limit_name in self.caps.items():
             if params.get(field) is None:
                 params[field] = getattr(limits, limit_name)
         return params
-
-
-class PolicySpec(BaseModel):
-    """A policy by name with its params (validated against that policy's params model)."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: PolicyName = Field(description="Scheduling policy.")
-    params: dict[str, Any] = Field(default_factory=dict, description="The policy's params.")
 
 
 MaxNumSeqs = Field(

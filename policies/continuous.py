@@ -25,6 +25,9 @@ from engine.kv_cache import BlockManager
 from engine.sequence import Sequence, SequenceStatus
 from policies.base import (
     DEFAULT_MAX_WAIT_S,
+    JsonBool,
+    JsonIntOrNull,
+    JsonNumberOrNull,
     MaxBatchedTokens,
     MaxNumSeqs,
     PolicyParams,
@@ -45,12 +48,12 @@ class ContinuousParams(PolicyParams):
         "max_num_batched_tokens": "max_num_batched_tokens",
         "max_prefill_tokens": "max_num_batched_tokens",
     }
-    max_num_seqs: int | None = MaxNumSeqs
-    max_num_batched_tokens: int | None = MaxBatchedTokens
-    enable_chunked_prefill: bool = Field(
+    max_num_seqs: JsonIntOrNull = MaxNumSeqs
+    max_num_batched_tokens: JsonIntOrNull = MaxBatchedTokens
+    enable_chunked_prefill: JsonBool = Field(
         True, description="Split long prompts across steps so decodes keep running."
     )
-    max_prefill_tokens: int | None = Field(
+    max_prefill_tokens: JsonIntOrNull = Field(
         DEFAULT_MAX_PREFILL_TOKENS,
         ge=1,
         le=1 << 20,
@@ -61,7 +64,7 @@ class ContinuousParams(PolicyParams):
         ),
         json_schema_extra={"x-null": "step budget"},
     )
-    max_wait_s: float | None = max_wait_field(DEFAULT_MAX_WAIT_S)
+    max_wait_s: JsonNumberOrNull = max_wait_field(DEFAULT_MAX_WAIT_S)
 
     def effective(self, limits: EngineLimits) -> dict[str, Any]:
         """The prefill cap in force: never above the step budget (the policy's own), which a

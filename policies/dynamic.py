@@ -10,14 +10,14 @@ from typing import ClassVar
 from pydantic import Field
 
 from engine.sequence import Sequence
-from policies.base import PolicyParams
+from policies.base import JsonInt, PolicyParams
 from policies.grouped import PaddedGroupPolicy
 
 
 class DynamicParams(PolicyParams):
     caps: ClassVar[dict[str, str]] = {"max_batch_size": "max_num_seqs"}
-    max_batch_size: int = Field(32, ge=1, le=65536, description="Most requests in one group.")
-    length_window: int = Field(
+    max_batch_size: JsonInt = Field(32, ge=1, le=65536, description="Most requests in one group.")
+    length_window: JsonInt = Field(
         128,
         ge=1,
         le=1 << 20,

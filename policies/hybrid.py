@@ -15,14 +15,15 @@ from pydantic import Field
 
 from engine.batch import ScheduledBatch
 from engine.sequence import Sequence, SequenceStatus
+from policies.base import JsonInt
 from policies.continuous import ContinuousParams, ContinuousPolicy
 
 
 class HybridParams(ContinuousParams):
-    single_request_below: int = Field(
+    single_request_below: JsonInt = Field(
         4, ge=1, le=64, description="Run one request at a time below this queue depth."
     )
-    length_window: int = Field(
+    length_window: JsonInt = Field(
         128, ge=1, le=1 << 20, description="Width of the prefill length buckets, in tokens."
     )
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from engine.config import EngineLimits
 from engine.kv_cache import BlockManager
-from policies.base import PolicyParams, PolicySpec, SchedulingPolicy
+from policies.base import PolicyName, SchedulingPolicy
 from policies.continuous import ContinuousPolicy
 from policies.dynamic import DynamicPolicy
 from policies.hybrid import HybridPolicy
+from policies.spec import PolicySpec, check_caps, default_spec, parse_spec
 from policies.static import StaticPolicy
 
 POLICIES: dict[str, type[SchedulingPolicy]] = {
@@ -18,30 +19,27 @@ POLICIES: dict[str, type[SchedulingPolicy]] = {
 }
 
 
-def as_spec(spec: PolicySpec | str | dict[str, Any]) -> PolicySpec:
-    if isinstance(spec, PolicySpec):
-        return spec
+def as_spec(spec: PolicySpec | PolicyName | Mapping[str, Any]) -> PolicySpec:
+    """A typed spec as it is; a policy's name (an engine flag) with its default params; JSON-like
+    data (an in-process caller's ``{"name": ..., "params": ...}``) parsed once here."""
     if isinstance(spec, str):
-        return PolicySpec(name=spec)  # type: ignore[arg-type]
-    return PolicySpec.model_validate(spec)
-
-
-def validate_params(spec: PolicySpec, limits: EngineLimits | None = None) -> PolicyParams:
-    """Raise pydantic's ValidationError naming each bad field and its bound."""
-    context = {"limits": limits} if limits is not None else None
-    return POLICIES[spec.name].params_model.model_validate(spec.params, context=context)
+        return default_spec(spec)
+    if isinstance(spec, Mapping):
+        return parse_spec(spec)
+    return spec
 
 
 def make_policy(
-    spec: PolicySpec | str | dict[str, Any],
+    spec: PolicySpec,
     limits: EngineLimits,
     blocks: BlockManager,
     clock: Callable[[], float],
 ) -> SchedulingPolicy:
-    """``clock`` is the engine's: policies read time (aging) from it, never the wall clock."""
-    spec = as_spec(spec)
-    params = validate_params(spec, limits)
-    return POLICIES[spec.name](params, limits, blocks, clock)
+    """``spec`` is validated where it came in (its params typed, the engine caps checked
+    there); ``clock`` is the engine's: policies read time (aging) from it, never the wall
+    clock. Raises pydantic's ValidationError for params above this engine's caps."""
+    check_caps(spec, limits)
+    return POLICIES[spec.name](spec.params, limits, blocks, clock)
 
 
 def params_schemas() -> dict[str, dict[str, Any]]:

@@ -8,13 +8,13 @@ from typing import ClassVar
 from pydantic import Field
 
 from engine.sequence import Sequence
-from policies.base import PolicyParams
+from policies.base import JsonInt, PolicyParams
 from policies.grouped import PaddedGroupPolicy
 
 
 class StaticParams(PolicyParams):
     caps: ClassVar[dict[str, str]] = {"max_batch_size": "max_num_seqs"}
-    max_batch_size: int = Field(32, ge=1, le=65536, description="Requests per padded batch.")
+    max_batch_size: JsonInt = Field(32, ge=1, le=65536, description="Requests per padded batch.")
 
 
 class StaticPolicy(PaddedGroupPolicy):

@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 
 from engine.outputs import RequestMetrics
 from engine.stats import percentile
-from policies.base import PolicySpec
 from policies.continuous import DEFAULT_MAX_PREFILL_TOKENS
 from policies.registry import POLICIES
+from policies.spec import PolicySpec, parse_spec
 from sim.cost_model import CostModel
 from sim.simulator import SimResult, SimSetup, simulate
 from sim.trace import ARTICLE_INPUT, ARTICLE_OUTPUT, TraceRequest, poisson_trace
@@ -256,7 +256,7 @@ def spec_for(policy: str, setup: SimSetup, **extra: Any) -> PolicySpec:
     static and dynamic groups are as large as the engine cap allows. ``extra``: more params
     (the grid's prefill budget)."""
     params = {"max_batch_size": setup.max_num_seqs} if policy in PADDED_POLICIES else {}
-    return PolicySpec(name=policy, params={**params, **extra})
+    return parse_spec({"name": policy, "params": {**params, **extra}})
 
 
 @dataclass(slots=True)
@@ -276,7 +276,7 @@ class Capacity:
             "max_num_seqs": self.setup.max_num_seqs,
             "max_num_batched_tokens": self.setup.max_num_batched_tokens,
             "memory_reserve": self.setup.memory_reserve,
-            **self.spec.params,
+            **self.spec.params.model_dump(),
         }
 
 
@@ -326,9 +326,10 @@ def _ms(value: float | None) -> str:
 
 def _prefill(spec: PolicySpec) -> str:
     """The prefill budget column: '-' for a policy without one, 'step' for null."""
-    if "max_prefill_tokens" not in spec.params:
+    params = spec.params.model_dump()
+    if "max_prefill_tokens" not in params:
         return "-"
-    value = spec.params["max_prefill_tokens"]
+    value = params["max_prefill_tokens"]
     return "step" if value is None else str(value)
 
 

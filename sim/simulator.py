@@ -21,7 +21,7 @@ from engine.outputs import RequestMetrics
 from engine.runner import Runner
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats, StepRecord
-from policies.base import PolicySpec
+from policies.spec import PolicySpec
 from sim.clock import VirtualClock
 from sim.cost_model import CostModel
 from sim.runner import CostModelRunner

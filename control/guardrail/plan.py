@@ -26,8 +26,8 @@ from control.guardrail.reason import changes, explain
 from control.guardrail.schemas import Candidate, GuardrailConfig, Objectives
 from control.schemas import PolicySettings, SettingPrediction
 from engine.config import EngineLimits
-from policies.base import PolicySpec
-from policies.registry import POLICIES, validate_params
+from policies.registry import POLICIES
+from policies.spec import parse_spec
 
 __all__ = [
     "CORRECTION_BOUNDS",
@@ -96,7 +96,7 @@ def _value(settings: PolicySettings, knob: str, limits: EngineLimits) -> float:
     if knob == "memory_reserve":
         return settings.memory_reserve
     model = POLICIES[settings.policy.name].params_model
-    value = settings.policy.params.get(knob, model.model_fields[knob].default)
+    value = getattr(settings.policy.params, knob)
     if value is None and knob in model.caps:
         value = getattr(limits, model.caps[knob])
     return math.inf if value is None else value
@@ -110,10 +110,8 @@ def _points(low: float, high: float, integer: bool) -> list[float]:
 
 
 def _effective(settings: PolicySettings, limits: EngineLimits) -> dict[str, Any] | None:
-    try:
-        return validate_params(settings.policy, limits).effective(limits)
-    except ValidationError:
-        return None
+    params = settings.policy.params
+    return None if params.over_caps(limits) else params.effective(limits)
 
 
 def _key(settings: PolicySettings, params: dict[str, Any]) -> tuple[Any, ...]:
@@ -142,10 +140,12 @@ def _within(settings: PolicySettings, params: dict[str, Any], config: GuardrailC
 def _with(settings: PolicySettings, knob: str, value: Any) -> PolicySettings:
     if knob == "memory_reserve":
         return settings.model_copy(update={"memory_reserve": value})
-    params = {**settings.policy.params, knob: value}
-    return settings.model_copy(
-        update={"policy": PolicySpec(name=settings.policy.name, params=params)}
-    )
+    params = {**settings.policy.params.model_dump(), knob: value}
+    try:
+        policy = parse_spec({"name": settings.policy.name, "params": params})
+    except ValidationError:  # outside the param's own bounds: no such candidate
+        return settings
+    return settings.model_copy(update={"policy": policy})
 
 
 def _knobs(name: str, config: GuardrailConfig) -> list[str]:
@@ -162,11 +162,11 @@ def _moved_in(
     model = POLICIES[name].params_model
     params = {
         k: v
-        for k, v in current.policy.params.items()
+        for k, v in current.policy.params.model_dump().items()
         if k in model.model_fields
         and not (k in model.caps and v is not None and v > getattr(limits, model.caps[k]))
     }
-    settings = current.model_copy(update={"policy": PolicySpec(name=name, params=params)})
+    settings = current.model_copy(update={"policy": parse_spec({"name": name, "params": params})})
     for knob in _knobs(name, config):
         low, high = _range(name, knob, config, limits)
         value = _value(settings, knob, limits)
@@ -198,7 +198,7 @@ def candidates(
         variations.append(own)
     turns = [s for row in _interleave(variations) for s in row]
     chosen = [current]
-    seen = {_key(current, _effective(current, limits) or dict(current.policy.params))}
+    seen = {_key(current, _effective(current, limits) or current.policy.params.model_dump())}
     for settings in [*bases, *turns]:
         if len(chosen) >= config.max_candidates:
             break

@@ -27,7 +27,7 @@ def changes(before: PolicySettings, after: PolicySettings) -> list[str]:
     found = []
     if before.policy.name != after.policy.name:
         found.append(f"policy {before.policy.name} -> {after.policy.name}")
-    old, new = before.policy.params, after.policy.params
+    old, new = before.policy.params.model_dump(), after.policy.params.model_dump()
     for knob in dict.fromkeys([*old, *new]):
         if old.get(knob) != new.get(knob):
             found.append(f"{knob} {_value(old.get(knob))} -> {_value(new.get(knob))}")

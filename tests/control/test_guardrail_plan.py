@@ -32,8 +32,7 @@ from control.guardrail.schemas import (
 from control.schemas import PolicySettings, SettingPrediction
 from engine.config import EngineLimits
 from engine.outputs import RequestMetrics, RequestOutput
-from policies.base import PolicySpec
-from policies.registry import validate_params
+from policies.spec import check_caps, default_spec, parse_spec
 
 LIMITS = EngineLimits(
     block_size=16, num_kv_blocks=1000, max_model_len=2048, max_num_seqs=256,
@@ -44,7 +43,7 @@ T0 = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 
 
 def settings(name: str = "continuous", reserve: float = 0.1, **params: Any) -> PolicySettings:
-    spec = PolicySpec(name=name, params=params)  # type: ignore[arg-type]
+    spec = parse_spec({"name": name, "params": params})
     return PolicySettings(policy=spec, memory_reserve=reserve, reclaim_interval_s=60.0)
 
 
@@ -62,8 +61,13 @@ def prediction(tput: float = 800.0, ttft: float | None = 0.5, **more: Any) -> Se
     )  # fmt: skip
 
 
+def given(s: PolicySettings) -> dict[str, Any]:
+    """The params a candidate sets (the rest follow the policy's defaults)."""
+    return s.policy.params.model_dump()
+
+
 def effective(s: PolicySettings) -> tuple[Any, ...]:
-    params = validate_params(s.policy, LIMITS).effective(LIMITS)
+    params = s.policy.params.effective(LIMITS)
     return (s.policy.name, tuple(sorted(params.items())), s.memory_reserve)
 
 
@@ -82,7 +86,8 @@ WIDE = {
 def assert_inside(found: list[PolicySettings], cfg: GuardrailConfig) -> None:
     """Every candidate after the first valid under the engine caps and inside every bound."""
     for s in found[1:]:
-        params = validate_params(s.policy, LIMITS).effective(LIMITS)  # raises when invalid
+        check_caps(s.policy, LIMITS)  # raises when invalid
+        params = s.policy.params.effective(LIMITS)
         assert s.policy.name in cfg.bounds.policies
         for knob in ("max_num_seqs", "max_num_batched_tokens", "single_request_below"):
             bound = getattr(cfg.bounds, knob)
@@ -104,22 +109,22 @@ def test_candidates_start_with_the_current_and_stay_valid_inside_the_bounds() ->
     found = candidates(current, cfg, LIMITS)
     assert found[0] == current
     assert_inside(found, cfg)
-    tokens = {s.policy.params.get("max_num_batched_tokens") for s in found}
+    tokens = {given(s).get("max_num_batched_tokens") for s in found}
     # min, geometric midpoint and max of the bound, the max lowered to the engine cap
     assert {256, 724, 2048} <= tokens and 4096 not in tokens
-    seqs = {s.policy.params.get("max_num_seqs") for s in found}
+    seqs = {given(s).get("max_num_seqs") for s in found}
     assert {16, 64} <= seqs  # the cap 256 is the default
     assert {s.policy.name for s in found} == {"continuous", "hybrid"}
     assert {0.1, 0.1225, 0.15} <= {s.memory_reserve for s in found}
     hybrid = [s for s in found if s.policy.name == "hybrid"]
-    assert {1, 3, 8} <= {s.policy.params.get("single_request_below", 4) for s in hybrid}
+    assert {1, 3, 8} <= {given(s).get("single_request_below", 4) for s in hybrid}
     # one knob at a time: each variation differs from its policy's moved-in setting once
     base = found[1]
-    assert base.policy.params == {"max_num_batched_tokens": 512}  # already inside: unchanged
+    assert given(base) == {"max_num_batched_tokens": 512}  # already inside: unchanged
     for s in found[2:]:
         if s.policy.name == "continuous":
-            moved = {k for k in {**s.policy.params, **base.policy.params}
-                     if s.policy.params.get(k) != base.policy.params.get(k)}  # fmt: skip
+            moved = {k for k in {**given(s), **given(base)}
+                     if given(s).get(k) != given(base).get(k)}  # fmt: skip
             moved |= {"memory_reserve"} if s.memory_reserve != base.memory_reserve else set()
             assert len(moved) == 1, s
 
@@ -138,7 +143,7 @@ def test_an_out_of_bounds_current_is_moved_in_and_a_knob_without_bounds_never_mo
         "continuous", 0.15, max_num_batched_tokens=1024, max_num_seqs=64, max_wait_s=10.0
     )  # each knob clamped to its nearest bound (aging default 30 s above 10)
     assert_inside(found, cfg)
-    assert all(s.policy.params["max_num_batched_tokens"] == 1024 for s in found)
+    assert all(given(s)["max_num_batched_tokens"] == 1024 for s in found)
 
 
 def test_candidates_drop_params_above_an_engine_cap_and_duplicates_in_effect() -> None:
@@ -146,12 +151,12 @@ def test_candidates_drop_params_above_an_engine_cap_and_duplicates_in_effect() -
     cfg = config(policies=["continuous"], max_num_seqs=IntRange(min=64, max=256))
     found = candidates(current, cfg, LIMITS)
     # 256 = the cap = current in effect: only the min and the midpoint are new
-    assert [s.policy.params.get("max_num_seqs") for s in found] == [256, 64, 128]
+    assert [given(s).get("max_num_seqs") for s in found] == [256, 64, 128]
     too_big = settings("static", 0.1, max_batch_size=999)  # above the cap, not allowed either
     found = candidates(too_big, config(policies=["static", "dynamic"]), LIMITS)
     assert found[0] == too_big
     assert [s.policy for s in found[1:]] == [
-        PolicySpec(name="static"), PolicySpec(name="dynamic")
+        default_spec("static"), default_spec("dynamic")
     ]  # fmt: skip
 
 

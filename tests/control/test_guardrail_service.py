@@ -27,12 +27,12 @@ from control.schemas import PolicySettings, PolicyUpdate, SettingPrediction
 from control.store import PolicyStore
 from engine.config import EngineLimits
 from engine.outputs import RequestMetrics, RequestOutput
-from policies.base import PolicySpec
+from policies.spec import PolicySpec, default_spec, parse_spec
 from sim.trace import TraceRequest
 
 LIMITS = EngineLimits(16, 512, 4096, 256, 2048)
 COST_MODEL = "a100-80g/llama3-8b"
-SMALL = PolicySpec(name="continuous", params={"max_num_batched_tokens": 16})
+SMALL = parse_spec({"name": "continuous", "params": {"max_num_batched_tokens": 16}})
 START = datetime(2026, 11, 30, 12, tzinfo=UTC)
 
 
@@ -172,7 +172,7 @@ def test_applied_then_observed_after_from_the_next_interval(world: World) -> Non
     decision = world.evaluate()
     assert decision is not None and decision.outcome == "applied"
     assert world.newest() == (decision.version, "guardrail") and world.applied[-1] == 3
-    assert decision.chosen.policy.params == {"max_num_batched_tokens": 2048}
+    assert decision.chosen.policy.params.model_dump() == {"max_num_batched_tokens": 2048}
     assert decision.observed_before is not None and decision.observed_before.requests == 8
     assert decision.observed_after is None and decision.trace_requests == 8
 
@@ -195,7 +195,7 @@ def test_applied_then_observed_after_from_the_next_interval(world: World) -> Non
 def test_a_change_in_between_is_a_conflict(world: World) -> None:
     world.put(config())
     world.traffic(8)
-    world.predictor.between = lambda: world.change(PolicySpec(name="hybrid"), "admin")
+    world.predictor.between = lambda: world.change(default_spec("hybrid"), "admin")
     decision = world.evaluate()
     assert decision is not None and decision.outcome == "conflict" and decision.version is None
     assert decision.reason.startswith("not applied: version is 3, not 2")

@@ -46,7 +46,7 @@ def test_upgrade_empty_file_then_no_drift_then_downgrade(tmp_path: Path) -> None
 
 
 def test_guardrail_revision_applies_on_a_0003_database(tmp_path: Path) -> None:
-    """A database at 0003 with a policy version and a schedule keeps them through 0004."""
+    """A database at 0003 with a policy version and a schedule keeps them to the head."""
     db = tmp_path / "at-0003.db"
     migrate.upgrade(db, "0003")
     assert "guardrail_setting" not in tables(db)
@@ -58,7 +58,7 @@ def test_guardrail_revision_applies_on_a_0003_database(tmp_path: Path) -> None:
             " '2026-11-30 00:00:00', 'applied')"
         )
     migrate.upgrade(db)
-    assert migrate.current_revision(db) == "0004" == migrate.head_revision()
+    assert migrate.current_revision(db) == "0005" == migrate.head_revision()
     assert tables(db) == TABLES
     migrate.check(db)
     with sqlite3.connect(db) as conn:

@@ -14,6 +14,7 @@ from tests.control.support import ADMIN, TOKEN, ServerProcess, state
 
 DEFAULTS = {
     "policy": {"name": "continuous", "params": {}},
+    "queue": {"name": "fcfs"},
     "memory_reserve": 0.1,
     "reclaim_interval_s": 5.0,
 }
@@ -251,6 +252,7 @@ def test_change_survives_a_restart_with_history_intact(
         assert view["version"] == 4
         assert view["settings"] == {
             "policy": spec,
+            "queue": {"name": "fcfs"},
             "memory_reserve": 0.2,
             "reclaim_interval_s": 7.0,
         }

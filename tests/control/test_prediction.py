@@ -25,7 +25,7 @@ from control.prediction import (
 from control.schemas import PolicySettings
 from engine.config import EngineLimits
 from engine.outputs import RequestMetrics, RequestOutput
-from policies.base import PolicySpec
+from policies.spec import default_spec
 from sim.trace import read_trace
 from tests.control.support import ADMIN, TOKEN, ServerProcess
 from tests.tui.conftest import poll_times, quiet_settings, wait_for
@@ -219,7 +219,7 @@ LIMITS = EngineLimits(
     max_num_batched_tokens=2048,
 )  # fmt: skip
 SETTINGS = [
-    PolicySettings(policy=PolicySpec(name=name), memory_reserve=0.1, reclaim_interval_s=60.0)
+    PolicySettings(policy=default_spec(name), memory_reserve=0.1, reclaim_interval_s=60.0)
     for name in ("continuous", "hybrid", "dynamic")
 ]
 

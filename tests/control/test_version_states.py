@@ -255,8 +255,14 @@ def test_other_methods_on_the_policy_are_405_naming_both(client: httpx.Client, m
 
 def test_policy_params_schema_is_per_policy_with_the_engine_caps(client: httpx.Client) -> None:
     schemas = client.get("/openapi.json").json()["components"]["schemas"]
-    branches = schemas["PolicyUpdate"]["properties"]["policy"]["anyOf"][0]["oneOf"]
-    params = {b["properties"]["name"]["const"]: b["properties"]["params"] for b in branches}
+
+    def ref(schema: dict) -> dict:
+        return schemas[schema["$ref"].rsplit("/", 1)[1]]
+
+    union = schemas["PolicyUpdate"]["properties"]["policy"]["anyOf"][0]
+    assert union["discriminator"]["propertyName"] == "name"
+    branches = [ref(b) for b in union["oneOf"]]
+    params = {b["properties"]["name"]["const"]: ref(b["properties"]["params"]) for b in branches}
     assert set(params) == {"static", "dynamic", "continuous", "hybrid"}
     assert all(p["additionalProperties"] is False for p in params.values())
     assert params["static"]["properties"]["max_batch_size"]["maximum"] == 256  # max_num_seqs

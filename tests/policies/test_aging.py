@@ -13,7 +13,8 @@ from engine.config import EngineConfig, EngineLimits
 from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from policies.base import DEFAULT_MAX_WAIT_S
-from policies.registry import params_schemas, validate_params
+from policies.registry import params_schemas
+from policies.spec import default_spec
 
 POLICIES = ("static", "dynamic", "continuous", "hybrid")
 MAX_WAIT_S = 10.0
@@ -133,7 +134,7 @@ def test_aging_changes_nothing_until_a_request_is_overdue(policy):
 
 
 def test_defaults_on_for_latency_policies_and_off_for_the_article_batchers():
-    defaults = {name: validate_params(_spec(name)).max_wait_s for name in POLICIES}
+    defaults = {name: default_spec(name).params.max_wait_s for name in POLICIES}
     assert defaults == {
         "static": None,
         "dynamic": None,
@@ -145,12 +146,6 @@ def test_defaults_on_for_latency_policies_and_off_for_the_article_batchers():
         assert "arrival" in field["description"], name
         bounds = next(option for option in field["anyOf"] if option.get("type") == "number")
         assert bounds["exclusiveMinimum"] == 0 and bounds["maximum"] == 86400
-
-
-def _spec(name: str):
-    from policies.base import PolicySpec
-
-    return PolicySpec(name=name)  # type: ignore[arg-type]
 
 
 def test_an_overdue_request_that_does_not_fit_holds_back_newer_admissions():

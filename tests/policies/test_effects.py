@@ -9,8 +9,7 @@ from pydantic import ValidationError
 
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
-from policies.base import PolicySpec
-from policies.registry import validate_params
+from policies.spec import parse_spec
 
 
 def _mixed_workload(n: int = 24, seed: int = 5) -> list[tuple[list[int], SamplingParams]]:
@@ -147,15 +146,15 @@ def test_short_prompts_overtake_a_long_prefill_only_under_hybrid(
 def test_invalid_params_name_the_field_and_bound(tiny_model_dir, spec, field, bound):
     limits = LLM(tiny_model_dir, num_kv_blocks=64).engine.front.limits
     with pytest.raises(ValidationError) as info:
-        validate_params(PolicySpec.model_validate(spec), limits)
+        parse_spec(spec, limits)
     error = info.value.errors()[0]
-    assert error["loc"] == (field,)
+    assert error["loc"] == ("params", field)
     assert bound in str(info.value)
 
 
 def test_unknown_policy_name_is_refused():
     with pytest.raises(ValidationError) as info:
-        PolicySpec.model_validate({"name": "fastest"})
+        parse_spec({"name": "fastest"})
     assert info.value.errors()[0]["loc"] == ("name",)
     assert "continuous" in str(info.value)
 

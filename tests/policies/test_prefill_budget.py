@@ -19,7 +19,8 @@ from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from policies.continuous import DEFAULT_MAX_PREFILL_TOKENS, ContinuousParams
 from policies.hybrid import HybridParams
-from policies.registry import as_spec, validate_params
+from policies.registry import as_spec
+from policies.spec import default_spec, parse_spec
 from tests.reference import HFReference, assert_same_as_reference, max_tokens_for, mixed_prompts
 
 BUDGETED = ("continuous", "hybrid")
@@ -148,11 +149,10 @@ def test_validation_and_engine_cap(model):
         with pytest.raises(ValidationError, match="max_prefill_tokens"):
             model.model_validate({"max_prefill_tokens": bad})
     name = "continuous" if model is ContinuousParams else "hybrid"
-    spec = as_spec({"name": name, "params": {"max_prefill_tokens": 512}})
     with pytest.raises(ValidationError, match="max_num_batched_tokens=256"):
-        validate_params(spec, LIMITS)
+        parse_spec({"name": name, "params": {"max_prefill_tokens": 512}}, LIMITS)
     assert model().max_prefill_tokens == DEFAULT_MAX_PREFILL_TOKENS
-    capped = validate_params(as_spec({"name": name, "params": {"max_prefill_tokens": 256}}), LIMITS)
+    capped = parse_spec({"name": name, "params": {"max_prefill_tokens": 256}}, LIMITS).params
     assert capped.max_prefill_tokens == 256
     # null stands for the step budget in force, the policy's own when it sets one
     own = model(max_prefill_tokens=None, max_num_batched_tokens=128).effective(LIMITS)
@@ -213,7 +213,7 @@ def test_capacity_search_tunes_the_prefill_budget():
 
     slo = Slo.parse("tpot_p99=100ms")
     result = search(trace, PerToken(), ["continuous", "dynamic"], slo, grid, setup)
-    budgets = [c.spec.params.get("max_prefill_tokens", "-") for c in result.capacities]
+    budgets = [c.spec.params.model_dump().get("max_prefill_tokens", "-") for c in result.capacities]
     assert budgets == [64, None, 1024, "-"]
     rates = {b: c.rate for b, c in zip(budgets, result.capacities, strict=True)}
     assert rates[64] > 0 and rates[None] == rates[1024] == 0
@@ -224,15 +224,14 @@ def test_guardrail_candidates_vary_the_prefill_budget_within_its_bounds():
     from control.guardrail.plan import candidates
     from control.guardrail.schemas import GuardrailConfig, IntRange, KnobBounds, Objectives
     from control.schemas import PolicySettings
-    from policies.base import PolicySpec
 
     bounds = KnobBounds(max_prefill_tokens=IntRange(min=16, max=4096))
     config = GuardrailConfig(objectives=Objectives(tpot_p99_s=0.1), bounds=bounds)
     current = PolicySettings(
-        policy=PolicySpec(name="continuous"), memory_reserve=0.1, reclaim_interval_s=60.0
+        policy=default_spec("continuous"), memory_reserve=0.1, reclaim_interval_s=60.0
     )
     found = {
-        (c.policy.name, c.policy.params.get("max_prefill_tokens"))
+        (c.policy.name, c.policy.params.model_dump().get("max_prefill_tokens"))
         for c in candidates(current, config, LIMITS)
     }
     # min, geometric midpoint and max (4,096 lowered to the engine's 256) for both policies

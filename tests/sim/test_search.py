@@ -121,7 +121,7 @@ def test_padded_policies_group_up_to_the_setting() -> None:
     slo = Slo.parse("ttft_p99=10")
     result = search(uniform, PerToken(), ["dynamic"], slo, grid, ONE_SLOT, start_rate=CAPACITY)
     (cap,) = result.capacities
-    assert cap.spec.params == {"max_batch_size": 4}
+    assert cap.spec.params.model_dump() == {"max_batch_size": 4}
     assert cap.best is not None and "max_batch_size=4" in format_search(result)
 
 

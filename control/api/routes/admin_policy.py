@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, FastAPI, Path, Query, Request, Response
+from pydantic import BaseModel
 
 from control.api.allow import answer_other_methods
 from control.api.deps import (
@@ -30,6 +32,7 @@ from control.schemas import (
     PolicyUpdateResult,
     PolicyView,
     RollbackRequest,
+    ScheduleCreate,
 )
 from control.store import SettingsInvalid
 from engine.config import EngineLimits
@@ -62,23 +65,39 @@ def get_schema(runtime: RuntimeDep) -> PolicySchema:
     )
 
 
-async def checked_update(request: Request, runtime: RuntimeDep) -> PolicyUpdate:
-    """Validate the whole body here, before FastAPI does: pydantic alone cannot check policy
-    params against the live engine's caps, and one 422 must name every failing field."""
+async def json_body(request: Request) -> Any:
+    """The request's JSON, unvalidated (None when it is none): a body that carries a policy
+    spec is validated once, against the live engine's caps, by its route's dependency."""
     try:
-        raw: Any = await request.json()
+        return await request.json()
     except ValueError:
-        raw = None
+        return None
+
+
+def checked_update(raw: Annotated[Any, Depends(json_body)], runtime: RuntimeDep) -> PolicyUpdate:
+    """The PUT body, validated once (``PolicyStore.validate``): one 422 names every failing
+    field, policy params above the engine caps included."""
     try:
         return runtime.store.validate(raw)
     except SettingsInvalid as exc:
         raise validation_error(exc, "body") from None
 
 
-@admin.put("", response_model=PolicyUpdateResult, responses=BAD_BODY | CONFLICT | STORE_UNAVAILABLE)
+def body_of(model: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` of a route whose body a dependency validates: the body is ``model``
+    (its schema joins the components, ``document_policy_caps``)."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+@admin.put(
+    "",
+    response_model=PolicyUpdateResult,
+    responses=BAD_BODY | CONFLICT | STORE_UNAVAILABLE,
+    openapi_extra=body_of(PolicyUpdate),
+)
 def put_policy(
     update: Annotated[PolicyUpdate, Depends(checked_update)],
-    body: PolicyUpdate,  # checked above; declared so the OpenAPI schema shows the body
     runtime: RuntimeDep,
     session: SessionDep,
     if_match: IfMatchDep,
@@ -137,33 +156,55 @@ def rollback(
     return result
 
 
-POLICY_SPEC_BODIES = ("PolicyUpdate", "ScheduleCreate")
-"""Request bodies whose ``policy`` is a spec the engine caps bound."""
+POLICY_SPEC_BODIES: tuple[type[BaseModel], ...] = (PolicyUpdate, ScheduleCreate)
+"""Request bodies that carry a policy spec: validated by their route's dependency against the
+engine caps, declared with ``body_of``; their schemas (validation mode) join the components
+here, named as FastAPI names an input schema (``-Input``) where the model has one apart."""
+
+
+def body_schemas(components: dict[str, Any]) -> None:
+    """Add each of ``POLICY_SPEC_BODIES`` and the models it holds (validation schemas) to
+    ``components``, in place; a held model whose name a response schema has already is added
+    as ``<name>-Input``, as FastAPI names the input schema of a model used both ways."""
+    taken = set(components)
+    for model in POLICY_SPEC_BODIES:
+        doc = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        defs: dict[str, Any] = doc.pop("$defs", {})
+        names = {name: f"{name}-Input" if name in taken else name for name in defs}
+        for name, schema in [*defs.items(), (model.__name__, doc)]:
+            text = json.dumps(schema)
+            for old, new in names.items():
+                text = text.replace(
+                    f'"#/components/schemas/{old}"', f'"#/components/schemas/{new}"'
+                )
+            components[names.get(name, name)] = json.loads(text)
 
 
 def document_policy_caps(app: FastAPI, limits: Callable[[], EngineLimits | None]) -> None:
-    """Make ``app.openapi()`` show the engine caps of the capped policy params (a value above
-    one is 422) as their ``maximum`` wherever a policy spec is taken (``PolicyUpdate``,
-    ``ScheduleCreate``), once the engine is loaded; until then the schema is not cached."""
+    """Make ``app.openapi()`` hold the bodies that carry a policy spec (``body_schemas``) and
+    show the engine caps of the capped policy params (a value above one is 422) as their
+    ``maximum`` there, once the engine is loaded; until then the schema is not cached."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:
             return app.openapi_schema
         schema = generate()
+        components = schema["components"]["schemas"]
+        body_schemas(components)
         known = limits()
         if known is None:
             app.openapi_schema = None
             return schema
-        for model in POLICY_SPEC_BODIES:
-            policy = schema["components"]["schemas"][model]["properties"]["policy"]
-            for branch in policy.get("anyOf", [policy])[0]["oneOf"]:
-                params = branch["properties"]["params"]["properties"]
-                name = branch["properties"]["name"]["const"]
-                for field, limit in POLICIES[name].params_model.caps.items():
-                    for typed in params[field].get("anyOf", [params[field]]):
-                        if typed.get("type") == "integer":
-                            typed["maximum"] = min(typed["maximum"], getattr(known, limit))
+        policy = components["PolicyUpdate"]["properties"]["policy"]["anyOf"][0]
+        for name, ref in policy["discriminator"]["mapping"].items():
+            spec = components[ref.rsplit("/", 1)[1]]
+            params = components[spec["properties"]["params"]["$ref"].rsplit("/", 1)[1]]
+            for field, limit in POLICIES[name].params_model.caps.items():
+                prop = params["properties"][field]
+                for typed in prop.get("anyOf", [prop]):
+                    if typed.get("type") == "integer":
+                        typed["maximum"] = min(typed["maximum"], getattr(known, limit))
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -3,14 +3,16 @@ changes."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
 
 from control.api.allow import answer_other_methods
 from control.api.deps import ActorDep, AdminDep, RuntimeDep, SessionDep
 from control.api.errors import validation_error
+from control.api.routes.admin_policy import body_of, json_body
 from control.models import SQLITE_INTEGER_MAX
+from control.policy_checks import parse_body
 from control.schedule_store import ScheduleNotFound
 from control.schemas import (
     ADMIN_ERRORS,
@@ -31,9 +33,29 @@ admin = APIRouter(
 )
 
 
-@admin.post("", response_model=ScheduleView, status_code=201, responses=BAD_BODY)
+def checked_schedule(
+    raw: Annotated[Any, Depends(json_body)], runtime: RuntimeDep
+) -> ScheduleCreate:
+    """The POST body, validated once against the live engine's caps (one 422 names every
+    failing field)."""
+    try:
+        return parse_body(ScheduleCreate, raw, runtime.store.limits)
+    except SettingsInvalid as exc:
+        raise validation_error(exc, "body") from None
+
+
+@admin.post(
+    "",
+    response_model=ScheduleView,
+    status_code=201,
+    responses=BAD_BODY,
+    openapi_extra=body_of(ScheduleCreate),
+)
 def create_schedule(
-    body: ScheduleCreate, runtime: RuntimeDep, session: SessionDep, actor: ActorDep
+    body: Annotated[ScheduleCreate, Depends(checked_schedule)],
+    runtime: RuntimeDep,
+    session: SessionDep,
+    actor: ActorDep,
 ) -> ScheduleView:
     try:
         return runtime.schedules.create(session, body, actor)
