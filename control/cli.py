@@ -253,7 +253,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_admin(args: argparse.Namespace) -> int:
     """``servedeck policy|schedule|guardrail|fleet ...``: the admin API over HTTP."""
-    from control.rest_cli import run
+    from control.core.rest_cli import run
 
     return run(args, local_token=lambda: _local_admin_token(args.db))
 
@@ -304,7 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--read-only", action="store_true", help="hide every action that changes")
     p.set_defaults(func=cmd_tui)
 
-    from control import fleet_cli, guardrail_cli, policy_cli, schedule_cli
+    from control.fleet import cli as fleet_cli
+    from control.guardrail import cli as guardrail_cli
+    from control.policy import cli as policy_cli
+    from control.schedules.windows import cli as schedule_cli
 
     for admin_cli in (policy_cli, schedule_cli, guardrail_cli, fleet_cli):
         admin_cli.add_parser(sub, cmd_admin)

@@ -22,26 +22,26 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
 from control.arrivals import ArrivalLog
-from control.chat_render import ChatRenderer
+from control.chat.render import ChatRenderer
 from control.core.config import Settings
-from control.engine_service import EngineService, TestingHooks
+from control.guardrail.prediction import Predictor
 from control.guardrail.service import JOB_ID as GUARDRAIL_JOB_ID
 from control.guardrail.service import TICK_S as GUARDRAIL_TICK_S
 from control.guardrail.service import Guardrail
-from control.in_force import InForce
-from control.local_engine import LocalEngine
-from control.maintenance import Maintenance
+from control.jobs.maintenance import Maintenance
+from control.jobs.watchdog import JOB_ID as WATCHDOG_JOB_ID
+from control.jobs.watchdog import StallWatchdog, check_interval
 from control.metrics import ControlMetrics
-from control.policy_rows import seed, with_overrides
-from control.prediction import Predictor
+from control.policy.in_force import InForce
+from control.policy.rows import seed, with_overrides
+from control.policy.schemas import PolicySettings
+from control.policy.store import PolicyStore
 from control.runtime import Runtime
-from control.schedule_store import JOB_ID as SCHEDULE_JOB_ID
-from control.schedule_store import TICK_S as SCHEDULE_TICK_S
-from control.schedule_store import Schedules
-from control.schemas import PolicySettings
-from control.store import PolicyStore
-from control.watchdog import JOB_ID as WATCHDOG_JOB_ID
-from control.watchdog import StallWatchdog, check_interval
+from control.schedules.store import JOB_ID as SCHEDULE_JOB_ID
+from control.schedules.store import TICK_S as SCHEDULE_TICK_S
+from control.schedules.store import Schedules
+from control.service.local import LocalEngine
+from control.service.protocol import EngineService, TestingHooks
 from engine.config import EngineConfig, EngineLimits
 from engine.engine import LLMEngine
 from engine.front import EngineFront

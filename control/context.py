@@ -16,10 +16,10 @@ from sqlalchemy import Engine
 
 from control.compose import build_runtime
 from control.core.config import Settings
-from control.demo_load import DemoLoad
+from control.jobs.demo_load import DemoLoad
 from control.metrics import ControlMetrics
 from control.runtime import Runtime
-from control.schemas import NotReady
+from control.schemas.health import NotReady
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from control.chat_template import RenderFailure
+from control.chat.template import RenderFailure
 from engine.outputs import RequestOutput
 from engine.snapshot import EngineSnapshot
 

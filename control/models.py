@@ -66,7 +66,7 @@ class PolicyVersion(SQLModel, table=True):
     rollback_of: int | None = Field(default=None, foreign_key="policy_version.version")
     state: str = Field(
         default="pending",
-        description="schemas.VersionState: pending until in force, then applied or failed.",
+        description="policy.schemas.VersionState: pending until in force, then applied or failed.",
     )
     state_reason: str | None = Field(default=None, description="Why it failed, or is pending.")
     state_at: datetime | None = timestamp_field(default=None, description="When state was set.")
@@ -80,7 +80,7 @@ class ReclaimRunBase(SQLModel):
     """One reclaim sweep the control plane ran: when, why, how it ended, and what the engine's
     sweep did (``engine.kv_stats.ReclaimResult``'s fields by its names; the pool counts are
     None and the blocks 0 when it failed). Declared once for the table (``MaintenanceRun``)
-    and the API's answer (``schemas.ReclaimRun``)."""
+    and the API's answer (``control.schemas.state.ReclaimRun``)."""
 
     at: datetime = timestamp_field(index=True)
     trigger: ReclaimTrigger = Field(sa_type=AutoString)

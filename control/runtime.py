@@ -13,16 +13,16 @@ import time
 from dataclasses import dataclass, field
 
 from control.arrivals import ArrivalLog
-from control.chat_render import ChatRenderer
-from control.engine_service import EngineService, TestingHooks
+from control.chat.render import ChatRenderer
+from control.guardrail.prediction import Predictor
 from control.guardrail.service import Guardrail
-from control.in_force import InForce
-from control.maintenance import Maintenance
+from control.jobs.maintenance import Maintenance
+from control.jobs.watchdog import StallWatchdog
 from control.metrics import ControlMetrics
-from control.prediction import Predictor
-from control.schedule_store import Schedules
-from control.store import PolicyStore
-from control.watchdog import StallWatchdog
+from control.policy.in_force import InForce
+from control.policy.store import PolicyStore
+from control.schedules.store import Schedules
+from control.service.protocol import EngineService, TestingHooks
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ two agree token for token (``tests/engine/test_gguf_tokenizer.py``):
   (``llama`` files without the flag get BOS, as llama.cpp and transformers do).
 
 ``tokenizer.chat_template`` and the named special tokens are ``GGUFTokenizer.chat_template`` and
-``special_tokens``; ``control/chat_template.py`` reads them for a GGUF checkpoint.
+``special_tokens``; ``control/chat/template.py`` reads them for a GGUF checkpoint.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ violation cannot hide behind an import error and the check takes well under a se
 - Nothing outside engine/kv_cache.py and its step transaction (engine/kv_step.py, the
   manager's one friend) touches the BlockManager's private state (its tables, chains, fill,
   ref counts...): callers use its public API (issue 12, item 1).
-- The routes and the jobs hold the engine through the seam (``control.engine_service``), never
+- The routes and the jobs hold the engine through the seam (``control.service.protocol``), never
   an implementation: no import of ``LLMEngine``, ``AsyncEngine``, ``LocalEngine``, the fleet's
   classes or their modules (issue 24).
 - No module-level engine state: nothing of ours builds an engine at import time or rebinds a
@@ -66,10 +66,16 @@ SERVER_FRAMEWORKS = frozenset(
 """What ``engine/``, ``policies/`` and ``kernels/`` never import (DESIGN §1, plus the
 frameworks fastapi and sqlmodel are built on)."""
 PRIVATE_TEXTUAL = frozenset({"_bindings", "_merged_bindings"})
-SEAM_HOLDERS = ("control.api", "control.maintenance", "control.watchdog", "control.in_force")
-"""The routes and the jobs: they hold the engine as an ``EngineService``."""
+SEAM_HOLDERS = (
+    "control.api",
+    "control.jobs",
+    "control.policy",
+    "control.schedules.windows",
+    "control.guardrail",
+)
+"""The routes, the jobs and the feature rooms: they hold the engine as an ``EngineService``."""
 ENGINE_IMPLEMENTATIONS = frozenset(
-    {"engine.engine", "engine.llm", "control.local_engine", "control.compose"}
+    {"engine.engine", "engine.llm", "control.service.local", "control.compose"}
     | {"control.fleet.fleet", "control.fleet.client", "control.fleet.replica"}
 )
 ENGINE_CLASSES = frozenset(
@@ -375,7 +381,7 @@ VIOLATIONS = {
     "block_manager_private": {"bench/run.py": "engine.blocks._tables.pop('a')\n"},
     "engine_seam": {
         "control/api/routes/chat.py": "from engine.engine import LLMEngine\n",
-        "control/maintenance.py": "from control.local_engine import LocalEngine\n",
+        "control/jobs/maintenance.py": "from control.service.local import LocalEngine\n",
     },
     "module_state": {
         "control/server.py": "from engine.llm import LLM\n\nENGINE = LLM.from_config(None)\n",
@@ -411,12 +417,12 @@ def test_a_deliberate_violation_fails_the_rule(rule: str, tmp_path: Path) -> Non
         "migrations/__init__.py": "",
         "control/api/__init__.py": "",
         "control/api/routes/__init__.py": "",
-        "control/api/routes/chat.py": "from control.engine_service import EngineService\n",
-        "control/engine_service.py": "from engine.batch import Batch\n",
-        "control/maintenance.py": "from control.engine_service import EngineService\n",
+        "control/api/routes/chat.py": "from control.service.protocol import EngineService\n",
+        "control/service/protocol.py": "from engine.batch import Batch\n",
+        "control/jobs/maintenance.py": "from control.service.protocol import EngineService\n",
         "control/server.py": "from engine.llm import LLM\n\n\ndef main():\n    LLM()\n",
         "control/fleet/__init__.py": "",
-        "control/fleet/fleet.py": "from control.engine_service import EngineService\n",
+        "control/fleet/fleet.py": "from control.service.protocol import EngineService\n",
         "control/fleet/replica.py": "def build():\n    from engine.engine import LLMEngine\n",
         "control/front_helpers.py": "from engine.model.llama import Llama\n",
         "engine/engine.py": "",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from control.api.logprobs import TokenTexts, finite
-from control.chat_schemas import (
+from control.chat.schemas import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionMessage,

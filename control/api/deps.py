@@ -15,11 +15,11 @@ from sqlmodel import Session
 
 from control.api.errors import ApiError
 from control.context import AppContext
-from control.engine_service import EngineService, ReplicaControl, TestingHooks
 from control.guardrail.rows import ACTOR as GUARDRAIL_ACTOR
-from control.policy_rows import SEED_ACTOR
+from control.policy.rows import SEED_ACTOR
 from control.runtime import Runtime
-from control.schedule_store import ACTOR_PREFIX as SCHEDULE_ACTOR_PREFIX
+from control.schedules.store import ACTOR_PREFIX as SCHEDULE_ACTOR_PREFIX
+from control.service.protocol import EngineService, ReplicaControl, TestingHooks
 
 ACTOR_MAX_LEN = 100
 

@@ -23,8 +23,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from control.api.middleware import note_refusal
 from control.core.db import unavailable
-from control.schemas import ErrorInfo, ErrorResponse, StoreUnavailableError
-from control.store import SettingsInvalid, StoreUnavailable, VersionConflict, VersionNotFound
+from control.policy.store import SettingsInvalid, StoreUnavailable, VersionConflict, VersionNotFound
+from control.schemas.errors import ErrorInfo, ErrorResponse, StoreUnavailableError
 from engine.errors import EngineStepError, EngineStopped, QueueFull, RequestRejected
 
 RETRY_AFTER_S = 1

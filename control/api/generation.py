@@ -22,9 +22,10 @@ from control.api.errors import ApiError, public_errors
 from control.api.limits import check_stop_list
 from control.api.middleware import CLIENT_GONE
 from control.core.config import Settings
-from control.engine_service import EngineStream
 from control.runtime import Runtime
-from control.schemas import ErrorInfo, ErrorResponse, StreamOptions, Usage
+from control.schemas.completions import StreamOptions, Usage
+from control.schemas.errors import ErrorInfo, ErrorResponse
+from control.service.protocol import EngineStream
 from engine.errors import EngineStepError, EngineStopped
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from tokenizers import Tokenizer
 
-from control.schemas import CompletionLogprobs
+from control.schemas.completions import CompletionLogprobs
 from engine.outputs import TokenLogprob
 
 LOGPROB_FLOOR = -9999.0

@@ -222,7 +222,7 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
 
     def engine_values(self) -> dict[str, Any]:
         """The engine settings by EngineConfig field name (the overrides go through the
-        policy store, see ``control.policy_rows.with_overrides``)."""
+        policy store, see ``control.policy.rows.with_overrides``)."""
         return {name: getattr(self, name) for name in ENGINE_SETTINGS}
 
     def db_path(self) -> Path:

@@ -9,7 +9,7 @@ from typing import Any
 from control.core.config import Settings
 from control.fleet.replica import EngineReplica
 from control.fleet.score import ROUTING_STATS_PERIOD_S
-from control.schemas import PolicySettings
+from control.policy.schemas import PolicySettings
 from engine.config import EngineConfig
 
 DEPLOYMENT = "engine"

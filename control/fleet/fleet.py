@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from control.core.config import Settings
-from control.engine_service import EngineService, PeriodicJob, ReplicaControl
 from control.fleet.deployment import DEPLOYMENT, application
 from control.fleet.deployment import scaling as scaling  # where it was defined first
 from control.fleet.local_ray import LocalRay, connect
@@ -35,7 +34,8 @@ from control.fleet.schemas import ReplicaView, RestartView
 from control.fleet.score import ROUTING_STATS_PERIOD_S
 from control.fleet.state import merged_integrity, merged_snapshot
 from control.metrics import ControlMetrics
-from control.schemas import PolicySettings
+from control.policy.schemas import PolicySettings
+from control.service.protocol import EngineService, PeriodicJob, ReplicaControl
 from engine.config import EngineConfig
 from engine.front import EngineFront
 from engine.kv_stats import KVIntegrity, ReclaimResult

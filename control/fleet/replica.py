@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from control.schemas import PolicySettings
+from control.policy.schemas import PolicySettings
 from engine.config import EngineConfig
 from engine.kv_stats import KVIntegrity, ReclaimResult
 from engine.outputs import RequestOutput
@@ -58,7 +58,7 @@ class EngineReplica:
         """``settings`` and ``version``: the version in force when the fleet was deployed. Ray
         restarts a dead replica with these same arguments; the control plane's reconcile job
         then pushes the active version to it (it reports the version it runs)."""
-        from control.local_engine import LocalEngine  # the model code loads in the replica only
+        from control.service.local import LocalEngine  # the model code loads in the replica only
         from engine.engine import LLMEngine
 
         in_force = PolicySettings.model_validate(settings)

@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from control import schemas
 from control.fleet.replica import ReplicaReport
+from control.schemas import state
 from engine.kv_stats import KVStats, ReclaimResult
 
 
@@ -113,7 +113,7 @@ class RestartView(BaseModel):
     error: str | None = None
 
 
-class AdminState(schemas.AdminState):
+class AdminState(state.AdminState):
     """``/admin/state``. With ``--replicas``, the top-level engine figures are the control
     plane's own engine (idle: it tokenizes and checks admission); the fleet is in
     ``replicas`` and ``replica_totals``."""

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from control.arrivals import Finished
 from control.guardrail.schemas import Objectives, ObservedFigures
-from control.schemas import SettingPrediction
+from control.policy.schemas import SettingPrediction
 from engine.stats import percentile
 
 CORRECTION_BOUNDS = (0.2, 5.0)

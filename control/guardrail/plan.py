@@ -24,7 +24,7 @@ from control.guardrail.observed import (
 )
 from control.guardrail.reason import changes, explain
 from control.guardrail.schemas import Candidate, GuardrailConfig, Objectives
-from control.schemas import PolicySettings, SettingPrediction
+from control.policy.schemas import PolicySettings, SettingPrediction
 from engine.config import EngineLimits
 from policies.registry import POLICIES
 from policies.spec import parse_spec

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from control.guardrail.schemas import Candidate, Objectives
-from control.schemas import PolicySettings
+from control.policy.schemas import PolicySettings
 
 
 def _seconds(value: float | None) -> str:

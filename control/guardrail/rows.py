@@ -22,7 +22,7 @@ from control.guardrail.schemas import (
     Outcome,
 )
 from control.models import GuardrailDecision, GuardrailSetting, PolicyVersion, as_utc
-from control.schemas import SettingPrediction
+from control.policy.schemas import SettingPrediction
 from engine.config import EngineLimits
 from policies.registry import POLICIES
 

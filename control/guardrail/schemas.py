@@ -12,8 +12,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, model_validator
 
+from control.api.openai_fields import JsonInt
 from control.core.config import MEMORY_RESERVE_BOUNDS
-from control.schemas import REASON_PATTERN, JsonInt, PolicySettings, SettingPrediction
+from control.policy.schemas import REASON_PATTERN, PolicySettings, SettingPrediction
 from policies.base import PolicyName
 
 GuardrailMode = Literal["off", "shadow", "on"]

@@ -22,6 +22,7 @@ from sqlmodel import Session
 from control.arrivals import ArrivalLog
 from control.guardrail import plan, rows
 from control.guardrail.plan import Choice
+from control.guardrail.prediction import PredictionUnavailable, Predictor
 from control.guardrail.schemas import (
     DecisionList,
     DecisionView,
@@ -34,11 +35,10 @@ from control.guardrail.schemas import (
 )
 from control.metrics import ControlMetrics
 from control.models import PolicyVersion, utcnow
-from control.policy_checks import SettingsInvalid
-from control.prediction import PredictionUnavailable, Predictor
-from control.schedule_store import Schedules
-from control.schemas import PolicySettings, PolicyUpdate
-from control.store import PolicyStore, VersionConflict
+from control.policy.checks import SettingsInvalid
+from control.policy.schemas import PolicySettings, PolicyUpdate
+from control.policy.store import PolicyStore, VersionConflict
+from control.schedules.store import Schedules
 
 log = logging.getLogger(__name__)
 

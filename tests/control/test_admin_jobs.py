@@ -8,10 +8,10 @@ import httpx
 
 from control.compose import RECONCILE_JOB_ID
 from control.guardrail.service import JOB_ID as GUARDRAIL
-from control.maintenance import JOB_ID as RECLAIM
-from control.memory_trim import JOB_ID as MEMORY_TRIM
-from control.schedule_store import JOB_ID as SCHEDULES
-from control.watchdog import JOB_ID as WATCHDOG
+from control.jobs.maintenance import JOB_ID as RECLAIM
+from control.jobs.memory_trim import JOB_ID as MEMORY_TRIM
+from control.jobs.watchdog import JOB_ID as WATCHDOG
+from control.schedules.store import JOB_ID as SCHEDULES
 from tests.control.support import ADMIN, wait_for
 
 

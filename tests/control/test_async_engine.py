@@ -199,10 +199,12 @@ async def test_cut_off_ends_every_stream_at_once_even_mid_step_and_refuses_new_o
 async def test_memory_trim_runs_once_per_load_when_the_loop_was_idle_twice(
     engine: AsyncEngine,
 ) -> None:
-    from control.memory_trim import MemoryTrim
+    from control.jobs.memory_trim import MemoryTrim
 
     trims: list[int] = []
-    trim = MemoryTrim(engine, lambda: bool(trims.append(1)))
+    trim = MemoryTrim(
+        engine.loop_health, engine.engine.release_buffers, lambda: bool(trims.append(1))
+    )
     trim.tick()
     trim.tick()
     assert trims == []  # nothing ran yet

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from control.chat_template import load_chat_template
+from control.chat.template import load_chat_template
 from engine.checkpoint import BOS
 from tests.control.support import ServerProcess, sse_events
 

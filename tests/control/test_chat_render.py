@@ -1,4 +1,4 @@
-"""control/chat_render.py's pool on its own: a conversation that finds no free worker within
+"""control/chat/render.py's pool on its own: a conversation that finds no free worker within
 the timeout is refused (``RendererBusy``) rather than queued behind a hostile render, the
 stopped worker is replaced, and closing the pool fails what it still holds."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from control.chat_render import ChatRenderer, RendererBusy
-from control.chat_template import ChatTemplateError
+from control.chat.render import ChatRenderer, RendererBusy
+from control.chat.template import ChatTemplateError
 
 TIMEOUT_S = 0.5
 TEMPLATE = (
@@ -75,6 +75,6 @@ def test_closing_fails_what_the_pool_still_holds(one_worker: ChatRenderer, model
 def test_a_render_worker_starts_without_torch() -> None:
     """A worker imports jinja and the template module alone: each server starts two, and a
     worker that imported torch (3.7 s) made the whole suite minutes slower."""
-    code = "import sys, control.chat_render; print('torch' in sys.modules)"
+    code = "import sys, control.chat.render; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

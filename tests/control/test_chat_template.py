@@ -1,4 +1,4 @@
-"""control/chat_template.py renders real-style chat templates exactly as transformers'
+"""control/chat/template.py renders real-style chat templates exactly as transformers'
 ``apply_chat_template(..., tokenize=False)`` does, finds the template where transformers does,
 and the default model carries one."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from control.chat_template import ChatTemplateError, find_template, load_chat_template
+from control.chat.template import ChatTemplateError, find_template, load_chat_template
 from engine.checkpoint import BOS, CHAT_TEMPLATE, EOS, default_model_dir, init_model
 
 LLAMA3 = (

@@ -15,8 +15,8 @@ from control.core.config import (
     POLICY_OVERRIDES,
     Settings,
 )
-from control.policy_rows import DEFAULT_SETTINGS
-from control.schemas import PolicySettings
+from control.policy.rows import DEFAULT_SETTINGS
+from control.policy.schemas import PolicySettings
 from engine import config as engine_config
 from engine.config import EngineConfig, config_default, config_options
 from policies.base import PolicyName

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from control.schedules import cron_trigger, crontab_weekdays
+from control.schedules.windows import cron_trigger, crontab_weekdays
 
 
 @pytest.mark.parametrize(

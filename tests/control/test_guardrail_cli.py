@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from control.cli import main
-from control.guardrail_cli import ERROR_NOTE
+from control.guardrail.cli import ERROR_NOTE
 from tests.control.admin_cli_support import cli_target, run_cli, server_fixture  # noqa: F401
 from tests.control.support import ADMIN, ServerProcess, set_settings, wait_for
 

@@ -29,7 +29,7 @@ from control.guardrail.schemas import (
     ObservedFigures,
     ReserveRange,
 )
-from control.schemas import PolicySettings, SettingPrediction
+from control.policy.schemas import PolicySettings, SettingPrediction
 from engine.config import EngineLimits
 from engine.outputs import RequestMetrics, RequestOutput
 from policies.spec import check_caps, default_spec, parse_spec

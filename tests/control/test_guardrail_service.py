@@ -16,15 +16,15 @@ from sqlmodel import Session
 from control import migrate
 from control.arrivals import ArrivalLog
 from control.core.db import make_engine
+from control.guardrail.prediction import Predictor
 from control.guardrail.schemas import GuardrailConfig, GuardrailUpdate
 from control.guardrail.service import Guardrail
 from control.metrics import ControlMetrics
-from control.policy_checks import SettingsInvalid
-from control.policy_rows import seed
-from control.prediction import Predictor
-from control.schedule_store import Schedules
-from control.schemas import PolicySettings, PolicyUpdate, SettingPrediction
-from control.store import PolicyStore
+from control.policy.checks import SettingsInvalid
+from control.policy.rows import seed
+from control.policy.schemas import PolicySettings, PolicyUpdate, SettingPrediction
+from control.policy.store import PolicyStore
+from control.schedules.store import Schedules
 from engine.config import EngineLimits
 from engine.outputs import RequestMetrics, RequestOutput
 from policies.spec import PolicySpec, default_spec, parse_spec

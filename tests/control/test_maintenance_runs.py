@@ -15,10 +15,10 @@ from sqlmodel import Session, SQLModel, func, select
 
 from control import migrate
 from control.core.db import make_engine
-from control.maintenance import Maintenance
+from control.jobs.maintenance import Maintenance
 from control.metrics import ControlMetrics
 from control.models import MaintenanceRun, ReclaimRunBase, utcnow
-from control.schemas import ReclaimRun
+from control.schemas.state import ReclaimRun
 from engine.kv_stats import ReclaimResult
 from tests.control.support import wait_for
 

@@ -12,8 +12,7 @@ import pytest
 from textual.widgets import Input, Select, Static
 
 from control.arrivals import ArrivalLog
-from control.guardrail.schemas import Objectives
-from control.prediction import (
+from control.guardrail.prediction import (
     BUSY,
     NO_COST_MODEL,
     NO_TRAFFIC,
@@ -22,7 +21,8 @@ from control.prediction import (
     Predictor,
     simulate_settings,
 )
-from control.schemas import PolicySettings
+from control.guardrail.schemas import Objectives
+from control.policy.schemas import PolicySettings
 from engine.config import EngineLimits
 from engine.outputs import RequestMetrics, RequestOutput
 from policies.spec import default_spec

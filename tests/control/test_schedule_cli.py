@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from control.cli import main
-from control.schedule_cli import SCHEDULE_KEYS
+from control.schedules.cli import SCHEDULE_KEYS
 from tests.control.admin_cli_support import cli_target, run_cli, server_fixture  # noqa: F401
 from tests.control.support import ADMIN, ServerProcess
 

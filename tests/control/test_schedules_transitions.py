@@ -12,10 +12,11 @@ from sqlmodel import Session
 from control import migrate
 from control.core.db import make_engine
 from control.metrics import ControlMetrics
-from control.policy_rows import seed
-from control.schedule_store import Schedules
-from control.schemas import PolicySettings, PolicyUpdate, ScheduleCreate
-from control.store import PolicyStore
+from control.policy.rows import seed
+from control.policy.schemas import PolicySettings, PolicyUpdate
+from control.policy.store import PolicyStore
+from control.schedules.schemas import ScheduleCreate
+from control.schedules.store import Schedules
 from engine.config import EngineLimits
 
 LIMITS = EngineLimits(16, 128, 512, 64, 2048)

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from control.schedules import (
+from control.schedules.windows import (
     FiringCache,
     WindowSpec,
     active_window,

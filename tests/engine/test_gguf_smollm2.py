@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from control.chat_template import load_chat_template
+from control.chat.template import load_chat_template
 from engine.gguf_tokenizer import gguf_tokenizer
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams

@@ -223,7 +223,7 @@ def test_capacity_search_tunes_the_prefill_budget():
 def test_guardrail_candidates_vary_the_prefill_budget_within_its_bounds():
     from control.guardrail.plan import candidates
     from control.guardrail.schemas import GuardrailConfig, IntRange, KnobBounds, Objectives
-    from control.schemas import PolicySettings
+    from control.policy.schemas import PolicySettings
 
     bounds = KnobBounds(max_prefill_tokens=IntRange(min=16, max=4096))
     config = GuardrailConfig(objectives=Objectives(tpot_p99_s=0.1), bounds=bounds)

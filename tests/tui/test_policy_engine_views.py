@@ -13,7 +13,7 @@ import pytest
 from control.guardrail.schemas import DecisionList as ServerDecisionList
 from control.guardrail.schemas import GuardrailUpdate
 from control.guardrail.schemas import GuardrailView as ServerGuardrailView
-from control.schemas import ScheduleList as ServerScheduleList
+from control.schedules.schemas import ScheduleList as ServerScheduleList
 from tests.tui.conftest import active_actions, poll_times, quiet_settings, wait_for
 from tests.tui.recorded import RecordedServer, load
 from tui.app import ConsoleApp, MainScreen

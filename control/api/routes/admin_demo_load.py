@@ -7,7 +7,8 @@ from fastapi import APIRouter, HTTPException
 
 from control.api.allow import answer_other_methods
 from control.api.deps import AdminDep, ContextDep
-from control.schemas import ADMIN_ERRORS, BAD_BODY, AdminError, DemoLoadUpdate, DemoLoadView
+from control.schemas.demo_load import DemoLoadUpdate, DemoLoadView
+from control.schemas.errors import ADMIN_ERRORS, BAD_BODY, AdminError
 
 admin = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS)
 

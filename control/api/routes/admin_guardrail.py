@@ -11,8 +11,8 @@ from control.api.allow import answer_other_methods
 from control.api.deps import ActorDep, AdminDep, RuntimeDep, SessionDep
 from control.api.errors import validation_error
 from control.guardrail.schemas import DecisionList, GuardrailUpdate, GuardrailView
-from control.schemas import ADMIN_ERRORS, BAD_BODY
-from control.store import SettingsInvalid
+from control.policy.store import SettingsInvalid
+from control.schemas.errors import ADMIN_ERRORS, BAD_BODY
 
 admin = APIRouter(
     prefix="/admin/guardrail", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS

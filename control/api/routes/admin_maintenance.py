@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from control.api.deps import AdminDep, RuntimeDep, SessionDep
-from control.schemas import ADMIN_ERRORS, JobsView, ReclaimRun
+from control.schemas.errors import ADMIN_ERRORS
+from control.schemas.state import JobsView, ReclaimRun
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS)
 

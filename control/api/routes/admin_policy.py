@@ -19,12 +19,9 @@ from control.api.deps import (
 )
 from control.api.errors import validation_error
 from control.models import SQLITE_INTEGER_MAX
-from control.schemas import (
-    ADMIN_ERRORS,
-    BAD_BODY,
+from control.policy.schemas import (
     CONFLICT,
     NOT_FOUND,
-    STORE_UNAVAILABLE,
     EngineLimitsView,
     PolicyHistory,
     PolicySchema,
@@ -32,9 +29,10 @@ from control.schemas import (
     PolicyUpdateResult,
     PolicyView,
     RollbackRequest,
-    ScheduleCreate,
 )
-from control.store import SettingsInvalid
+from control.policy.store import SettingsInvalid
+from control.schedules.schemas import ScheduleCreate
+from control.schemas.errors import ADMIN_ERRORS, BAD_BODY, STORE_UNAVAILABLE
 from engine.config import EngineLimits
 from policies.registry import POLICIES, params_schemas
 

@@ -12,18 +12,11 @@ from control.api.deps import ActorDep, AdminDep, RuntimeDep, SessionDep
 from control.api.errors import validation_error
 from control.api.routes.admin_policy import body_of, json_body
 from control.models import SQLITE_INTEGER_MAX
-from control.policy_checks import parse_body
-from control.schedule_store import ScheduleNotFound
-from control.schemas import (
-    ADMIN_ERRORS,
-    BAD_BODY,
-    AdminError,
-    ScheduleCreate,
-    ScheduleDetail,
-    ScheduleList,
-    ScheduleView,
-)
-from control.store import SettingsInvalid
+from control.policy.checks import parse_body
+from control.policy.store import SettingsInvalid
+from control.schedules.schemas import ScheduleCreate, ScheduleDetail, ScheduleList, ScheduleView
+from control.schedules.store import ScheduleNotFound
+from control.schemas.errors import ADMIN_ERRORS, BAD_BODY, AdminError
 
 NO_SCHEDULE = {404: {"model": AdminError, "description": "No such schedule."}}
 ScheduleId = Annotated[int, Path(ge=1, le=SQLITE_INTEGER_MAX)]

@@ -7,7 +7,7 @@ from fastapi import APIRouter
 
 from control.api.deps import AdminDep, RuntimeDep, ServiceDep, SessionDep
 from control.fleet.schemas import AdminState, ReplicaTotals
-from control.schemas import ADMIN_ERRORS
+from control.schemas.errors import ADMIN_ERRORS
 from engine.kv_stats import KVIntegrity
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS)

@@ -8,7 +8,7 @@ from pathlib import Path
 from fastapi import APIRouter, Response
 
 from control.api.deps import AdminDep, RuntimeDep
-from control.schemas import ADMIN_ERRORS
+from control.schemas.errors import ADMIN_ERRORS
 from sim.trace import TraceRequest, write_trace
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS)

@@ -1,5 +1,5 @@
 """``POST /v1/chat/completions``: the messages rendered with the checkpoint's chat template
-(control/chat_template.py) in a render worker process (control/chat_render.py, bounded in time
+(control/chat/template.py) in a render worker process (control/chat/render.py, bounded in time
 and size), then tokenized on a worker thread and generated like a completion.
 
 The rendered text is tokenized without the tokenizer's own special tokens (its BOS): the
@@ -21,9 +21,9 @@ from control.api.deps import ApiKeyDep, ContextDep, RuntimeDep
 from control.api.errors import RETRY_AFTER_S, ApiError, rejection_code
 from control.api.generation import Answers, check_request, sampling_params
 from control.api.limits import CostFields, RequestCost, check_request_cost
-from control.chat_render import ChatRenderer, RendererBusy
-from control.chat_schemas import ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse
-from control.chat_template import ChatTemplateError
+from control.chat.render import ChatRenderer, RendererBusy
+from control.chat.schemas import ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse
+from control.chat.template import ChatTemplateError
 from engine.admission import check_text_size
 from engine.errors import RequestRejected
 from engine.front import EngineFront

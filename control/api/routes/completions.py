@@ -18,7 +18,7 @@ from control.api.deps import ApiKeyDep, ContextDep, RuntimeDep
 from control.api.generation import Answers, check_request, sampling_params
 from control.api.limits import RequestCost, check_request_cost, prompt_token_ids
 from control.api.logprobs import TokenTexts, completion_logprobs
-from control.schemas import (
+from control.schemas.completions import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,

@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException
 from control.api.allow import answer_other_methods
 from control.api.deps import NO_REPLICAS, AdminDep, ReplicasDep
 from control.fleet.schemas import RestartView
-from control.schemas import ADMIN_ERRORS, AdminError
+from control.schemas.errors import ADMIN_ERRORS, AdminError
 
 admin = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS)
 

@@ -12,7 +12,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from control.api.deps import ContextDep
-from control.schemas import Health, HealthLoading, NotReady, Ready
+from control.schemas.health import Health, HealthLoading, NotReady, Ready
 
 router = APIRouter(tags=["public"])
 

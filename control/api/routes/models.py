@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from control.api.deps import ApiKeyDep, RuntimeDep
 from control.api.errors import public_errors
-from control.schemas import ModelCard, ModelList
+from control.schemas.model_list import ModelCard, ModelList
 
 router = APIRouter(tags=["public"], dependencies=[ApiKeyDep])
 

@@ -10,7 +10,8 @@ from sqlalchemy import Engine, event
 
 from control.api.deps import AdminDep, ContextDep, ServiceDep, TestingDep
 from control.models import utcnow
-from control.schemas import ADMIN_ERRORS, LeakResult, StallResult, StorePages
+from control.schemas.errors import ADMIN_ERRORS
+from control.schemas.testing import LeakResult, StallResult, StorePages
 
 router = APIRouter(
     prefix="/admin/testing", tags=["testing"], dependencies=[AdminDep], responses=ADMIN_ERRORS

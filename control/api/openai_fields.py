@@ -1,0 +1,117 @@
+"""OpenAI request fields that servedeck accepts only at their default, shared by the
+completions and chat request bodies (inherit ``UnsupportedFields``).
+
+Load testers and SDKs send these fields with their default values (``presence_penalty: 0``,
+``best_of: 1``, ``logit_bias: {}``), so a default is accepted and does nothing. A value that
+asks for a behaviour servedeck does not have is refused with a 400 naming the field, never
+silently ignored: the client would otherwise get an answer to a question it did not ask. The
+JSON Schema says the same (``maximum``, ``maxItems``, ``maxProperties``, ``enum``), so a
+client or a fuzzer reading ``/openapi.json`` never sends a refused value by accident.
+``user`` is accepted and recorded nowhere.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+
+def _json_integer(value: Any) -> Any:
+    """JSON Schema's integer includes ``1.0``: an integral float becomes its int (a bool, a
+    string or ``2.5`` is still refused)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JsonInt = Annotated[StrictInt, BeforeValidator(_json_integer)]
+"""An integer as JSON Schema's ``integer`` means it: ``3`` or ``3.0``, never ``true``/``"3"``.
+(Here, below control/schemas/completions.py and control/chat/schemas.py, so both request bodies
+share it.)"""
+
+
+def _refuse(field: str, accepted: str) -> PydanticCustomError:
+    return PydanticCustomError(
+        "unsupported_value", "{field} is not supported: only {accepted} is accepted", locals()
+    )
+
+
+class UnsupportedFields(BaseModel):
+    user: StrictStr | None = Field(None, description="Accepted and ignored (recorded nowhere).")
+    best_of: JsonInt | None = Field(
+        None,
+        description="Only 1 (or null) is accepted: best-of-n selection is not supported.",
+        json_schema_extra={"minimum": 1, "maximum": 1},
+    )
+    presence_penalty: StrictFloat | None = Field(
+        None,
+        description="Only 0 (or null) is accepted: penalties are not supported.",
+        json_schema_extra={"minimum": 0, "maximum": 0},
+    )
+    frequency_penalty: StrictFloat | None = Field(
+        None,
+        description="Only 0 (or null) is accepted: penalties are not supported.",
+        json_schema_extra={"minimum": 0, "maximum": 0},
+    )
+    logit_bias: dict[str, Any] | None = Field(
+        None,
+        description="Only {} (or null) is accepted: logit bias is not supported.",
+        json_schema_extra={"maxProperties": 0},
+    )
+    tools: list[Any] | None = Field(
+        None,
+        description="Only [] (or null) is accepted: tool calls are not supported.",
+        json_schema_extra={"maxItems": 0},
+    )
+    functions: list[Any] | None = Field(
+        None,
+        description="Only [] (or null) is accepted: function calls are not supported.",
+        json_schema_extra={"maxItems": 0},
+    )
+    response_format: dict[str, Any] | None = Field(
+        None,
+        description='Only {"type": "text"} (or null) is accepted.',
+        json_schema_extra={
+            "properties": {"type": {"enum": ["text"]}},
+            "required": ["type"],
+            "additionalProperties": False,
+        },
+    )
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, value: int | None) -> int | None:
+        if value is not None and value != 1:
+            raise _refuse("best_of", "1")
+        return value
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float | None, info: Any) -> float | None:
+        if value is not None and value != 0:
+            raise _refuse(info.field_name, "0")
+        return value
+
+    @field_validator("logit_bias", "tools", "functions")
+    @classmethod
+    def _empty(cls, value: Any, info: Any) -> Any:
+        if value:
+            raise _refuse(info.field_name, "an empty value")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value != {"type": "text"}:
+            raise _refuse("response_format", '{"type": "text"}')
+        return value

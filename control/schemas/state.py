@@ -1,0 +1,67 @@
+"""``GET /admin/state``, ``GET /admin/jobs`` and the recorded sweeps."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import (
+    BaseModel,
+    Field,
+    SerializeAsAny,
+)
+
+from control.models import ReclaimRunBase
+from engine.kv_stats import KVStats
+from engine.snapshot import Latency, QueueDepths, RequestSnapshot, Throughput, Totals
+from policies.base import PolicySnapshot
+from policies.spec import PolicySpec
+
+
+class ReclaimRun(ReclaimRunBase):
+    """A recorded reclaim sweep: when, why, how it ended and what it did."""
+
+
+class JobView(BaseModel):
+    id: str
+    interval_s: float
+    next_run_at: datetime | None
+    on_time: bool
+    last_runs: list[ReclaimRun]
+
+
+class JobsView(BaseModel):
+    jobs: list[JobView]
+
+
+SchedulerState = PolicySnapshot
+"""The policy's own snapshot (policies/base.py; each policy's subclass adds its fields)."""
+
+
+RequestRow = RequestSnapshot
+
+
+KVState = KVStats
+"""The KV accounting, defined once by the engine (engine/kv_stats.py). Queue depths,
+throughput, latency and totals are the engine snapshot's own models too."""
+
+
+class AdminState(BaseModel):
+    """``/admin/state``: the engine's snapshot (engine/snapshot.py), read by attribute, with
+    the control plane's version and its recorded reclaim sweeps."""
+
+    version: int
+    policy: PolicySpec
+    policy_version: int | None = Field(
+        None, description="The policy version the engine reports it runs (set with the policy)."
+    )
+    scheduler: SerializeAsAny[SchedulerState]
+    memory_reserve: float
+    uptime_s: float
+    queue: QueueDepths
+    requests: list[RequestRow]
+    kv: KVState
+    block_map: str = Field(description="One character per block: '.' free, '#' used, 'c' cached.")
+    throughput: Throughput
+    latency: Latency
+    totals: Totals
+    recent_reclaims: list[ReclaimRun]
