@@ -307,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     from control.fleet import cli as fleet_cli
     from control.guardrail import cli as guardrail_cli
     from control.policy import cli as policy_cli
-    from control.schedules.windows import cli as schedule_cli
+    from control.schedules import cli as schedule_cli
 
     for admin_cli in (policy_cli, schedule_cli, guardrail_cli, fleet_cli):
         admin_cli.add_parser(sub, cmd_admin)

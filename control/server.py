@@ -28,7 +28,8 @@ import control.models  # noqa: F401  (tables on SQLModel.metadata before anythin
 from control import migrate
 from control.api import errors, openapi
 from control.api.main import api_router
-from control.api.middleware import RequestGuard, install_log_filter
+from control.api.middleware import RequestGuard
+from control.api.request_context import install_log_filter
 from control.api.routes import admin_policy
 from control.context import AppContext
 from control.core.config import Settings

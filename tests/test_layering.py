@@ -17,6 +17,8 @@ violation cannot hide behind an import error and the check takes well under a se
   classes or their modules (issue 24).
 - No module-level engine state: nothing of ours builds an engine at import time or rebinds a
   module global (``global``) (issue 24).
+- No import cycle inside ``control/`` (issue 24), counting the imports made for the type
+  checker: an import inside a function is the one way back up.
 - The fleet's control plane loads no model code: what ``control/fleet/`` imports at module
   level never reaches the model, the runner, the kernels or the engine that wraps them,
   however indirectly (the replica class imports them inside its constructor, which runs in
@@ -106,6 +108,8 @@ class Import:
     plain: bool = False
     lazy: bool = False
     """Inside a function (runs only when called) or under ``if TYPE_CHECKING`` (never runs)."""
+    in_function: bool = False
+    """Inside a function: the one way a module may import what imports it."""
 
     def __str__(self) -> str:
         what = f"import {self.target}" if self.plain else f"from {self.target} import "
@@ -133,6 +137,7 @@ class Tree:
         dotted = [d for d in map(_dotted, ast.walk(tree)) if d]
         functions = (ast.FunctionDef, ast.AsyncFunctionDef)
         lazy = {id(n) for f in ast.walk(tree) if isinstance(f, functions) for n in ast.walk(f)}
+        in_function = set(lazy)
         lazy |= {id(n) for f in ast.walk(tree) if _type_checking(f) for n in ast.walk(f)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -140,13 +145,29 @@ class Tree:
                     bound = alias.asname or alias.name
                     used = {d[len(bound) + 1 :].split(".")[0] for d in dotted if _below(d, bound)}
                     names = tuple(sorted(used))
-                    yield Import(module, alias.name, names, node.lineno, True, id(node) in lazy)
+                    yield Import(
+                        module,
+                        alias.name,
+                        names,
+                        node.lineno,
+                        True,
+                        id(node) in lazy,
+                        id(node) in in_function,
+                    )
             elif isinstance(node, ast.ImportFrom):
                 base = package.split(".")
                 base = base[: len(base) - node.level + 1] if node.level else []
                 target = ".".join([*base, *([node.module] if node.module else [])])
                 names = tuple(a.name for a in node.names)
-                yield Import(module, target, names, node.lineno, False, id(node) in lazy)
+                yield Import(
+                    module,
+                    target,
+                    names,
+                    node.lineno,
+                    False,
+                    id(node) in lazy,
+                    id(node) in in_function,
+                )
 
     def reached(self, imp: Import) -> set[str]:
         """The modules an import loads for what it uses: ``from engine import faults`` is
@@ -336,8 +357,44 @@ def fleet_front_violations(tree: Tree) -> list[str]:
     return found
 
 
+def cycle_violations(tree: Tree) -> list[str]:
+    """Modules of ``control/`` that import each other, at module level or for the type checker
+    (an import inside a function is the one allowed way back up)."""
+    graph: dict[str, set[str]] = {m: set() for m in tree.files if _top(m) == "control"}
+    for imp in tree.imports:
+        if imp.source in graph and not imp.in_function:
+            graph[imp.source] |= {t for t in tree.reached(imp) if t in graph} - {imp.source}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = [stack.pop()]
+            while component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                cycle = " <-> ".join(sorted(component))
+                found.extend(f"{m}: in an import cycle ({cycle})" for m in sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
 RULES = {
     "floors": lambda root: floor_violations(Tree(root)),
+    "no_cycles": lambda root: cycle_violations(Tree(root)),
     "engine_seam": lambda root: seam_violations(Tree(root)),
     "module_state": lambda root: module_state_violations(Tree(root)),
     "fleet_front": lambda root: fleet_front_violations(Tree(root)),
@@ -388,6 +445,11 @@ VIOLATIONS = {
         "engine/batch.py": "STATE = 0\n\n\ndef bump():\n    global STATE\n",
     },
     "fleet_front": {"control/fleet/fleet.py": "from control.front_helpers import load\n"},
+    "no_cycles": {
+        "control/fleet/replica.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+        "    from control.fleet.fleet import Fleet\n",
+        "control/fleet/fleet.py": "from control.fleet.replica import Replica\n",
+    },
 }
 
 

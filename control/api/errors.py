@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from control.api.middleware import note_refusal
+from control.api.request_context import note_refusal
 from control.core.db import unavailable
 from control.policy.store import SettingsInvalid, StoreUnavailable, VersionConflict, VersionNotFound
 from control.schemas.errors import ErrorInfo, ErrorResponse, StoreUnavailableError

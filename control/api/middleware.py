@@ -11,18 +11,19 @@
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import re
 import time
 import uuid
 from array import array
-from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from control.api import errors
+from control.api.request_context import RequestInfo, bind, unbind
 
 log = logging.getLogger(__name__)
 
@@ -41,45 +42,6 @@ _REASON_BY_STATUS = {
     503: "unavailable",
 }
 CLIENT_GONE = 499
-
-
-@dataclass
-class RequestInfo:
-    id: str
-    refusal: str | None = None
-    """The reason an error handler gave for refusing it (else derived from the status)."""
-
-
-_current: contextvars.ContextVar[RequestInfo | None] = contextvars.ContextVar(
-    "servedeck_request", default=None
-)
-
-
-def current_request_id() -> str | None:
-    info = _current.get()
-    return None if info is None else info.id
-
-
-def note_refusal(reason: str) -> None:
-    """Name why the current request is refused (the ``reason`` label it is counted under)."""
-    info = _current.get()
-    if info is not None:
-        info.refusal = reason
-
-
-class RequestIdFilter(logging.Filter):
-    """Gives every record a ``request_id`` attribute ("-" outside a request)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = current_request_id() or "-"
-        return True
-
-
-def install_log_filter() -> None:
-    """Put ``RequestIdFilter`` on the root logger's handlers (once each)."""
-    for handler in logging.getLogger().handlers:
-        if not any(isinstance(f, RequestIdFilter) for f in handler.filters):
-            handler.addFilter(RequestIdFilter())
 
 
 def request_id_of(scope: Scope) -> str:
@@ -125,10 +87,8 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        from control.api import errors  # errors imports this module
-
         info = RequestInfo(request_id_of(scope))
-        token = _current.set(info)
+        token = bind(info)
         status: int | None = None
         started = time.perf_counter()
         path = scope["path"]
@@ -166,7 +126,7 @@ class RequestGuard:
         finally:
             if errors.is_public(path):
                 self._account(scope, info, status, time.perf_counter() - started)
-            _current.reset(token)
+            unbind(token)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> tuple[bytes, bool]:
         """The whole body (413 past the limit), and whether the client went away meanwhile."""

@@ -28,9 +28,8 @@ from control.fleet.deployment import DEPLOYMENT, application
 from control.fleet.deployment import scaling as scaling  # where it was defined first
 from control.fleet.local_ray import LocalRay, connect
 from control.fleet.metrics import install
-from control.fleet.replica import ReplicaReport
 from control.fleet.restart import RollingRestarts
-from control.fleet.schemas import ReplicaView, RestartView
+from control.fleet.schemas import ReplicaReport, ReplicaView, RestartView
 from control.fleet.score import ROUTING_STATS_PERIOD_S
 from control.fleet.state import merged_integrity, merged_snapshot
 from control.metrics import ControlMetrics

@@ -16,33 +16,20 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
+from control.fleet.schemas import ReplicaReport
 from control.policy.schemas import PolicySettings
 from engine.config import EngineConfig
 from engine.kv_stats import KVIntegrity, ReclaimResult
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.snapshot import EngineSnapshot
 
 log = logging.getLogger(__name__)
 
 APPLY_WAIT_S = 3600.0
 """How long a replica's call waits for its engine's step boundary (the control plane's own
 timeout answers the client long before; the replica's call just finishes)."""
-
-
-@dataclass(frozen=True)
-class ReplicaReport:
-    """What a replica says of itself: ``/admin/state``'s entry and the routing inputs."""
-
-    replica: str
-    pid: int
-    version: int | None
-    started_at: float
-    snapshot: EngineSnapshot
-    last_reclaim: ReclaimResult | None
 
 
 def replica_id() -> str:

@@ -16,12 +16,27 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from control.fleet.schemas import RestartState, RestartView
 
 if TYPE_CHECKING:
-    from control.fleet.fleet import Fleet
+    from control.core.config import Settings
+    from control.fleet.client import FleetEngine
+    from control.policy.schemas import PolicySettings
+    from engine.config import EngineConfig
+
+
+class Fleet(Protocol):
+    """What a restart reads of the fleet it redeploys (``control.fleet.fleet.Fleet``)."""
+
+    settings: Settings
+    config: EngineConfig
+    in_force: PolicySettings
+    version: int
+    app_name: str
+    engine: FleetEngine
+
 
 log = logging.getLogger(__name__)
 

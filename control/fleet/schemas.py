@@ -3,13 +3,26 @@ the totals (plain pydantic, no Ray: the route imports it in every server)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from control.fleet.replica import ReplicaReport
 from control.schemas import state
 from engine.kv_stats import KVStats, ReclaimResult
+from engine.snapshot import EngineSnapshot
+
+
+@dataclass(frozen=True)
+class ReplicaReport:
+    """What a replica says of itself: ``/admin/state``'s entry and the routing inputs."""
+
+    replica: str
+    pid: int
+    version: int | None
+    started_at: float
+    snapshot: EngineSnapshot
+    last_reclaim: ReclaimResult | None
 
 
 class ReplicaView(BaseModel):
