@@ -13,8 +13,6 @@ prediction, schedules, the guardrail, the stall watchdog; then the jobs and the 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import Engine
@@ -34,7 +32,7 @@ from control.jobs.watchdog import StallWatchdog, check_interval
 from control.metrics import ControlMetrics
 from control.policy.in_force import InForce
 from control.policy.rows import seed, with_overrides
-from control.policy.schemas import PolicySettings
+from control.policy.schemas import PolicySettings, VersionState
 from control.policy.store import PolicyStore
 from control.runtime import Runtime
 from control.schedules.store import JOB_ID as SCHEDULE_JOB_ID
@@ -62,7 +60,7 @@ def build_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Ru
         settings.chat_template_timeout_s,
         settings.max_chat_template_output,
         metrics,
-        preload=Path(settings.tokenizer) if settings.tokenizer else settings.model_dir(),
+        preload=settings.tokenizer_dir() or settings.model_dir(),
     )
     try:
         runtime = _build(settings, db, metrics, renderer)
@@ -77,7 +75,7 @@ def build_runtime(settings: Settings, db: Engine, metrics: ControlMetrics) -> Ru
 def _build(
     settings: Settings, db: Engine, metrics: ControlMetrics, renderer: ChatRenderer
 ) -> Runtime:
-    overrides = overrides_of(settings)
+    overrides = settings.policy_overrides()
     with Session(db) as session:
         row = seed(session)
     stored = with_overrides(row, overrides)
@@ -117,7 +115,7 @@ def _build(
         service, maintenance, metrics, row.version, in_force, settings.policy_apply_timeout_s
     )
     store = PolicyStore(front.limits, applied.apply, metrics, overrides)
-    state = "failed" if refused else "applied"
+    state: VersionState = "failed" if refused else "applied"
     if (row.state, row.state_reason) != (state, refused):  # the newest version is in force now
         try:
             with Session(db) as session:
@@ -186,14 +184,3 @@ def _fitting(stored: PolicySettings, limits: EngineLimits) -> tuple[PolicySettin
         refused = f"the params do not fit this engine (its defaults run instead): {exc}"
         return stored.model_copy(update={"policy": default_spec(spec.name)}), refused
     return stored, None
-
-
-def overrides_of(settings: Settings) -> dict[str, Any]:
-    overrides: dict[str, Any] = {}
-    if settings.policy is not None:
-        overrides["policy.name"] = settings.policy
-    if settings.memory_reserve is not None:
-        overrides["memory_reserve"] = settings.memory_reserve
-    if settings.reclaim_interval_s is not None:
-        overrides["reclaim_interval_s"] = settings.reclaim_interval_s
-    return overrides

@@ -25,7 +25,8 @@ ACTOR_MAX_LEN = 100
 
 
 def get_context(request: Request) -> AppContext:
-    return request.app.state.ctx
+    ctx: AppContext = request.app.state.ctx  # set by create_app (Starlette's state is untyped)
+    return ctx
 
 
 ContextDep = Annotated[AppContext, Depends(get_context)]

@@ -232,6 +232,22 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
 
         return cache_dir() / "servedeck.db"
 
+    def tokenizer_dir(self) -> Path | None:
+        """``--tokenizer``: the folder whose tokenizer and chat template win over the model's."""
+        return Path(self.tokenizer) if self.tokenizer else None
+
+    def policy_overrides(self) -> dict[str, Any]:
+        """The settings that override the stored version (by its field's dotted name), for this
+        process until a PUT replaces them."""
+        overrides: dict[str, Any] = {}
+        if self.policy is not None:
+            overrides["policy.name"] = self.policy
+        if self.memory_reserve is not None:
+            overrides["memory_reserve"] = self.memory_reserve
+        if self.reclaim_interval_s is not None:
+            overrides["reclaim_interval_s"] = self.reclaim_interval_s
+        return overrides
+
     def model_dir(self) -> Path:
         if self.model is not None:
             return self.model

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Protocol
 
 from control.jobs.memory_trim import JOB_ID as MEMORY_TRIM_JOB_ID
 from control.jobs.memory_trim import TICK_S as MEMORY_TRIM_TICK_S
@@ -31,13 +32,19 @@ from engine.sampling_params import SamplingParams
 from engine.snapshot import EngineSnapshot
 
 
+class Awaited(Protocol):
+    """A command's future as a pending version waits on it (whatever its result)."""
+
+    def result(self, timeout: float | None = None) -> object: ...
+
+
 @dataclass
 class _Pending:
     """A version handed to the engine and not yet confirmed: a retry waits on the same
     commands instead of sending them again."""
 
     version: int
-    futures: list[Future]
+    futures: list[Awaited]
 
 
 class LocalEngine(EngineService):
@@ -100,8 +107,8 @@ class LocalEngine(EngineService):
             self._pending = None
             self._in_force = settings
 
-    def _submit(self, settings: PolicySettings, version: int) -> list[Future]:
-        futures: list[Future] = []
+    def _submit(self, settings: PolicySettings, version: int) -> list[Awaited]:
+        futures: list[Awaited] = []
         if settings.policy != self._in_force.policy:
             futures.append(self._engine.set_policy(settings.policy, version=version))
         if settings.memory_reserve != self._in_force.memory_reserve:
