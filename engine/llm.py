@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.builder import load_bundle
 from engine.config import EngineConfig
@@ -17,6 +17,9 @@ from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.shipped_models import embedded_default
 from policies.base import PolicySpec
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 ENGINE_FIELDS = frozenset(f.name for f in fields(EngineConfig)) - {"model"}
 """Keyword arguments of ``LLM`` that are engine settings; the others are policy params."""
@@ -95,7 +98,7 @@ class LLM:
 
     def set_policy(self, name: str, **params: Any) -> None:
         """Switch policy; takes effect at the next step boundary, nothing is lost."""
-        self.engine.set_policy(PolicySpec(name=name, params=params)).result()  # type: ignore[arg-type]
+        self.engine.set_policy(PolicySpec(name=name, params=params)).result()
 
     def set_memory_reserve(self, fraction: float) -> None:
         self.engine.set_memory_reserve(fraction).result()
@@ -107,7 +110,7 @@ class LLM:
         return self.engine.kv_stats()
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer | None:
         return self.engine.front.tokenizer
 
 
@@ -115,6 +118,10 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
     items = list(prompts)
-    if items and all(isinstance(t, int) for t in items):
-        return [items]  # one prompt given as token ids
-    return items
+    token_ids = [t for t in items if isinstance(t, int)]
+    if items and len(token_ids) == len(items):
+        return [token_ids]  # one prompt given as token ids
+    batch = [t for t in items if not isinstance(t, int)]
+    if len(batch) != len(items):
+        raise TypeError("a list of prompts holds a bare token id: give token ids as one list")
+    return batch
