@@ -10,11 +10,10 @@ from typing import ClassVar
 from pydantic import Field
 
 from engine.sequence import Sequence
-from policies.base import PolicyParams
-from policies.grouped import PaddedGroupPolicy
+from policies.grouped import GroupParams, PaddedGroupPolicy
 
 
-class DynamicParams(PolicyParams):
+class DynamicParams(GroupParams):
     caps: ClassVar[dict[str, str]] = {"max_batch_size": "max_num_seqs"}
     max_batch_size: int = Field(32, ge=1, le=65536, description="Most requests in one group.")
     length_window: int = Field(
