@@ -26,7 +26,10 @@ from kernels.registry import Backend, make_backend
 
 
 class Runner(Protocol):
-    last_forward_s: float
+    @property
+    def last_forward_s(self) -> float:
+        """Seconds the last ``execute`` spent in the forward (the engine only reads it)."""
+        ...
 
     def execute(self, batch: ScheduledBatch) -> StepResult: ...
 
