@@ -177,7 +177,7 @@ def _value_error_refusal(detail: object) -> str | None:
         return None
     if not all(isinstance(item, dict) for item in detail):
         return None
-    kinds = [(item.get("type"), tuple(item.get("loc", ()))) for item in detail]  # type: ignore[union-attr]
+    kinds = [(item.get("type"), tuple(item.get("loc", ()))) for item in detail]
     if all(kind == "value_error" and loc in SCHEDULE_WINDOW_FIELDS for kind, loc in kinds):
         return "schedule_window"
     if kinds == [("too_many_schedules", ("body",))]:

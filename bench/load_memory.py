@@ -28,10 +28,29 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypedDict
 
 GOAL = 1.3
 SHARD_BYTES = 300 << 20
-CHECKPOINT = {
+
+
+class CheckpointShape(TypedDict):
+    """``engine.checkpoint.Preset``'s fields this benchmark sets (it stays JSON for the
+    results file, and imports no engine module until a child loads)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    tokenizer_vocab: int
+    vocab_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    dtype: str
+
+
+CHECKPOINT: CheckpointShape = {
     "hidden_size": 2048,
     "intermediate_size": 5632,
     "num_hidden_layers": 10,
@@ -108,7 +127,7 @@ def child(path: Path, method: str, dtype_name: str) -> None:
     import torch
 
     from engine.builder import load_bundle
-    from engine.config import EngineConfig
+    from engine.config import EngineConfig, as_dtype
     from engine.model.config import ModelConfig
     from engine.model.llama import LlamaForCausalLM
     from engine.model.loader import load_weights
@@ -118,11 +137,12 @@ def child(path: Path, method: str, dtype_name: str) -> None:
     baseline = _status_bytes("VmRSS")
     start = time.perf_counter()
     if method == "engine":
-        model = load_bundle(EngineConfig(model=str(path), dtype=dtype_name)).model
+        model = load_bundle(EngineConfig(model=str(path), dtype=as_dtype(dtype_name))).model
     else:
         from safetensors import safe_open
 
-        model = LlamaForCausalLM(ModelConfig.from_dir(path), getattr(torch, dtype_name), "cpu")
+        cpu = torch.device("cpu")
+        model = LlamaForCausalLM(ModelConfig.from_dir(path), getattr(torch, dtype_name), cpu)
 
         def tensors():
             for file in sorted(path.glob("*.safetensors")):

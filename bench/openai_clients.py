@@ -25,7 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +161,8 @@ def run_openai(url: str, model_dir: Path, kind: str, stream: bool, a) -> dict[st
 
     def ms(key: str, p: float) -> float | None:
         values = [r[key] for r in results if r.get(key) is not None]
-        return percentile(values, p) * 1000 if values else None
+        value = percentile(values, p)
+        return None if value is None else value * 1000
 
     outputs = [r["usage"].completion_tokens for r in results if r["usage"] is not None]
     return {
@@ -295,14 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     model_dir = a.model or default_model_dir()
     venv = a.guidellm_venv
-    jobs = [
-        ("guidellm", k, s, lambda url, k=k, s=s: run_guidellm(venv, url, model_dir, k, s, a))
+    jobs: list[tuple[str, str, bool, Callable[[str], dict[str, Any]]]] = [
+        ("guidellm", k, s, partial(run_guidellm, venv, model_dir=model_dir, kind=k, stream=s, a=a))
         for k, s in RUNS
     ]
     jobs += [
-        ("openai", k, s, lambda url, k=k, s=s: run_openai(url, model_dir, k, s, a)) for k, s in RUNS
+        ("openai", k, s, partial(run_openai, model_dir=model_dir, kind=k, stream=s, a=a))
+        for k, s in RUNS
     ]
-    jobs.append(("servedeck load", "completions", True, lambda url: run_servedeck_load(url, a)))
+    jobs.append(("servedeck load", "completions", True, partial(run_servedeck_load, a=a)))
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, (tool, kind, stream, job) in enumerate(jobs):

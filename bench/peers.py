@@ -48,7 +48,7 @@ def load_hf_model(model_dir: Path, device: str, dtype: str) -> Any:
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
-    return model.to(device).eval()
+    return model.to(device).eval()  # type: ignore[arg-type]  # typeshed's functools.wraps (on transformers' .to) leaves self unbound
 
 
 class _StepTimes:

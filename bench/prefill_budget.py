@@ -54,7 +54,7 @@ def run(budgets: Sequence[int], rounds: int, threads: int) -> dict[str, Any]:
             specs.append(RunSpec("prefill-budget", "continuous", workload, settings, labels))
         for spec in specs:
             load = machine.load_average()
-            bench = Bench(preset, factory, [spec], label=f"round {rep}: {spec.id}")  # type: ignore[list-item]
+            bench = Bench(preset, factory, [spec], label=f"round {rep}: {spec.id}")
             result = bench.run().runs[0]
             result["max_prefill_tokens"] = spec.labels.get("max_prefill_tokens")
             result["load_average_before"] = load
@@ -96,7 +96,9 @@ def predict(budgets: Sequence[int], calibration: Path) -> dict[str, Any]:
     workload = wl.burst(CONCURRENCY, True, preset.scale, vocab, SEED)
     trace = [TraceRequest(0.0, len(r.prompt), r.max_tokens) for r in workload.requests]
     setup = SimSetup(num_kv_blocks=preset.kv_tokens // 16)
-    specs = [("dynamic", {"length_window": preset.scaled_window}, None)]
+    specs: list[tuple[str, dict[str, int], int | None]] = [
+        ("dynamic", {"length_window": preset.scaled_window}, None)
+    ]
     specs += [("continuous", {"max_prefill_tokens": b}, b) for b in budgets]
     rows = []
     for name, params, budget in specs:
@@ -104,7 +106,11 @@ def predict(budgets: Sequence[int], calibration: Path) -> dict[str, Any]:
         ttft = [r.metrics.ttft for r in result.records if r.metrics.ttft is not None]
         tpot = [r.metrics.tpot for r in result.records if r.metrics.tpot is not None]
         out = sum(r.output_tokens for r in result.records)
-        row = {"policy": name, "max_prefill_tokens": budget, "repeat": "predicted"}
+        row: dict[str, str | int | float | None] = {
+            "policy": name,
+            "max_prefill_tokens": budget,
+            "repeat": "predicted",
+        }
         row |= {"output_throughput": out / result.duration_s, "e2e_p50": None}
         row |= {f"ttft_p{q}": percentile(ttft, q) for q in (50, 99)}
         row |= {f"tpot_p{q}": percentile(tpot, q) for q in (50, 99)}

@@ -22,7 +22,7 @@ import torch
 from bench.recording import EntryShape, RecordingRunner, StepTokens
 from bench.workloads import Workload
 from engine.builder import load_bundle
-from engine.config import EngineConfig
+from engine.config import EngineConfig, as_dtype
 from engine.engine import LLMEngine
 from engine.errors import QueueFull, RequestRejected
 from engine.faults import leak_sequence
@@ -75,7 +75,7 @@ class EngineFactory:
         self.dtype_name = dtype
         self.dtype = getattr(torch, dtype)
         self.bundle = load_bundle(
-            EngineConfig(model=str(self.model_dir), device=device, dtype=dtype)  # type: ignore[arg-type]
+            EngineConfig(model=str(self.model_dir), device=device, dtype=as_dtype(dtype))
         )
         self.model_config = self.bundle.config
         self.tokenizer = self.bundle.tokenizer

@@ -245,13 +245,13 @@ async def drive(url: str, pid: int, prompts: list[Prompt], config: SoakConfig) -
         client_loop(url, prompts, config.seed * 1000 + i, deadline, config)
         for i in range(config.clients)
     ]
-    results = await asyncio.gather(
-        *clients,
+    per_client, _, _ = await asyncio.gather(
+        asyncio.gather(*clients),
         switcher(url, deadline, config, report),
         rss_sampler(pid, deadline, config, report),
     )
     report.duration_s = time.monotonic() - started
-    outcomes = [o for batch in results[: config.clients] for o in batch]
+    outcomes = [o for batch in per_client for o in batch]
     return report, outcomes
 
 

@@ -84,8 +84,8 @@ def capture(factory: EngineFactory, want, measure) -> Any:
     workload = mixed(64, MIXED_INPUTS, MIXED_OUTPUT, factory.vocab_size, SEED)
     # prefill chunks as large as the step budget: the step profiled is a 2,048-token chunk
     settings = EngineSettings("continuous", {"max_prefill_tokens": 2048})
-    engine, _ = factory.build(settings, time.perf_counter)
-    probe = Capture(engine.runner.inner, want, measure)
+    engine, recorder = factory.build(settings, time.perf_counter)
+    probe = Capture(recorder.inner, want, measure)
     engine.runner = probe
     for i, request in enumerate(workload.requests):
         params = SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True)

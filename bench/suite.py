@@ -65,8 +65,9 @@ class Bench:
         try:
             for i, spec in enumerate(self.plan, start=1):
                 self.progress.start_run(spec.id, i, len(self.plan), spec.units_per_request)
-                peer = isinstance(spec, PeerSpec)
-                result = self._run_peer(spec) if peer else self._run_engine(spec)  # type: ignore[arg-type]
+                result = (
+                    self._run_peer(spec) if isinstance(spec, PeerSpec) else self._run_engine(spec)
+                )
                 if result is not None:
                     self.out.runs.append(result)
                     self.progress.finish_run(_summary(result))
@@ -106,7 +107,7 @@ class Bench:
         result = self._result(spec, workload, trace)
         result |= decode_gather_stats(recorder.inner)
         if spec.replay and trace.shapes:
-            bound = replay(recorder.inner, trace.shapes)  # type: ignore[arg-type]
+            bound = replay(recorder.inner, trace.shapes)  # type: ignore[arg-type]  # a ModelRunner here; LLMEngine.runner is typed as the Runner seam
             busy = trace.end - trace.start - trace.idle_skipped_s
             result["replay_bound_s"] = bound.forward_s
             result["replay_efficiency"] = bound.forward_s / busy if busy > 0 else None

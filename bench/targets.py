@@ -18,6 +18,14 @@ class Target:
     met: bool | None
 
 
+def at_least(goal: float) -> Callable[[float], bool]:
+    return lambda value: value >= goal
+
+
+def at_most(goal: float) -> Callable[[float], bool]:
+    return lambda value: value <= goal
+
+
 def targets(runs: list[Run], base: int) -> list[Target]:
     """Issue 7's targets for one cpu run (same checks on any preset; they are meant for cpu)."""
     out: list[Target] = []
@@ -49,15 +57,15 @@ def targets(runs: list[Run], base: int) -> list[Target]:
             else None
         )
         add(f"continuous / {peer}, output tok/s, mixed", value, f"≥ {goal}×",
-            lambda v, g=goal: v >= g)  # fmt: skip
+            at_least(goal))  # fmt: skip
     for workload, speed, ttft in (("burst-variable", 1.8, 0.4), ("burst-fixed", 1.15, 0.55)):
         c, d = burst("continuous", workload), burst("dynamic", workload)
         value = divide(c["output_throughput"], d["output_throughput"]) if c and d else None
         add(f"continuous / dynamic output tok/s, {workload}@{base}", value, f"≥ {speed}×",
-            lambda v, g=speed: v >= g)  # fmt: skip
+            at_least(speed))  # fmt: skip
         value = divide(c["ttft_p99"], d["ttft_p99"]) if c and d else None
         add(f"continuous / dynamic TTFT p99, {workload}@{base}", value, f"≤ {ttft}×",
-            lambda v, g=ttft: v <= g)  # fmt: skip
+            at_most(ttft))  # fmt: skip
     dyn_fixed = burst("dynamic", "burst-fixed")
     add(f"continuous KV utilization, burst-fixed@{base}",
         cont_fixed.get("kv_utilization") if cont_fixed else None, "≥ 0.96",

@@ -24,7 +24,6 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
 
 from engine import faults
 from engine.engine import LLMEngine
@@ -225,9 +224,7 @@ class AsyncEngine:
             self.engine.wakeup.clear()
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        deliveries: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Any]]] = defaultdict(
-            list
-        )
+        deliveries: dict[asyncio.AbstractEventLoop, list[Delivery]] = defaultdict(list)
         failed_requests: list[str] = []
         with self._lock:
             for output in outputs:
@@ -267,9 +264,7 @@ class AsyncEngine:
         """End every open stream with ``error`` (``abort``: and its request); how many."""
         with self._lock:
             streams, self._streams = self._streams, {}
-        deliveries: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Any]]] = defaultdict(
-            list
-        )
+        deliveries: dict[asyncio.AbstractEventLoop, list[Delivery]] = defaultdict(list)
         for request_id, stream in streams.items():
             deliveries[stream._loop].append((stream, error))
             if abort:  # runs now between steps on the engine thread, else at the next boundary
@@ -282,9 +277,11 @@ class AsyncEngine:
         return len(streams)
 
 
-def _deliver_to(
-    loop: asyncio.AbstractEventLoop, items: list[tuple[RequestStream, RequestOutput | Exception]]
-) -> None:
+Delivery = tuple[RequestStream, RequestOutput | BaseException]
+"""An output, or the error that ends the stream, for one stream."""
+
+
+def _deliver_to(loop: asyncio.AbstractEventLoop, items: list[Delivery]) -> None:
     def deliver() -> None:
         for stream, item in items:
             stream._put(item)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import abc
 from collections.abc import Iterator
+from typing import overload
 
 
 class BlockTable(abc.Sequence[int]):
@@ -16,7 +17,11 @@ class BlockTable(abc.Sequence[int]):
     def __init__(self, blocks: list[int]) -> None:
         self._blocks = blocks
 
-    def __getitem__(self, index):  # type: ignore[override]
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
         return self._blocks[index]
 
     def __len__(self) -> int:

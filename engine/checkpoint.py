@@ -114,6 +114,14 @@ def build_tokenizer(vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
+def special_ids(tokenizer: Tokenizer) -> tuple[int, int]:
+    """BOS's and EOS's ids in a tokenizer ``build_tokenizer`` made (it trains both in)."""
+    bos_id, eos_id = tokenizer.token_to_id(BOS), tokenizer.token_to_id(EOS)
+    if bos_id is None or eos_id is None:
+        raise ValueError(f"the tokenizer lacks {BOS} or {EOS}")
+    return bos_id, eos_id
+
+
 def hf_config(preset: Preset, bos_id: int, eos_id: int) -> dict[str, Any]:
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -185,7 +193,7 @@ def init_model(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(spec.tokenizer_vocab)
-    bos_id, eos_id = tokenizer.token_to_id(BOS), tokenizer.token_to_id(EOS)
+    bos_id, eos_id = special_ids(tokenizer)
     dtype = getattr(torch, spec.dtype)
     _write_shards(out, random_weights(spec, seed, dtype), max_shard_bytes)
     tokenizer.save(str(out / "tokenizer.json"))

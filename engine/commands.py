@@ -14,7 +14,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -26,7 +26,8 @@ class CommandQueue:
         command sees every request added before it was posted)."""
         self._wakeup = wakeup
         self._at_boundary = at_boundary
-        self._pending: deque[tuple[Callable[[], Any], Future]] = deque()
+        # Each posted command bound to its future: running it settles the future.
+        self._pending: deque[Callable[[], None]] = deque()
         self._owner = threading.get_ident()
         self._in_step = False
 
@@ -41,7 +42,7 @@ class CommandQueue:
             self._at_boundary()
             _run(command, future)
         else:
-            self._pending.append((command, future))
+            self._pending.append(lambda: _run(command, future))
             self._wakeup.set()
         return future
 
@@ -61,14 +62,13 @@ class CommandQueue:
             self._wakeup.clear()
             self._at_boundary()
             while self._pending:
-                command, future = self._pending.popleft()
-                _run(command, future)
+                self._pending.popleft()()
             yield
         finally:
             self._in_step = False
 
 
-def _run(command: Callable[[], Any], future: Future) -> None:
+def _run(command: Callable[[], T], future: Future[T]) -> None:
     try:
         future.set_result(command())
     except Exception as exc:  # delivered to whoever waits on the future

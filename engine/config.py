@@ -15,6 +15,19 @@ CPU_KV_CACHE_BYTES = 1 << 30
 """On CPU the pool is sized from this budget, never from all free RAM."""
 
 
+Dtype = Literal["float32", "bfloat16", "float16"]
+"""The weights' and the KV cache's dtype, by torch's name."""
+DTYPES: tuple[Dtype, ...] = get_args(Dtype)
+
+
+def as_dtype(name: str) -> Dtype:
+    """``name`` as a ``Dtype`` (a flag's or a file's string); ValueError if it is none."""
+    for dtype in DTYPES:
+        if dtype == name:
+            return dtype
+    raise ValueError(f"dtype must be float32, bfloat16 or float16, got {name!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class EngineLimits:
     """What every policy may rely on; policy params default from and stay under these."""
@@ -55,7 +68,7 @@ class EngineConfig:
     )
     policy: str = knob("continuous", "batch scheduling policy (a policies.base.PolicyName)")
     device: str = knob("cpu", "torch device: cpu or cuda")
-    dtype: Literal["float32", "bfloat16", "float16"] = knob("float32", "weights and KV dtype")
+    dtype: Dtype = knob("float32", "weights and KV dtype")  # noqa: RUF009 - a Literal alias
     block_size: int = knob(16, "tokens per KV block", choices=BLOCK_SIZES)
     num_kv_blocks: int | None = knob(None, "KV blocks in the pool (default: from memory)", ge=1)
     max_model_len: int | None = knob(
@@ -92,8 +105,7 @@ class EngineConfig:
             raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size}")
         for option in config_options().values():
             option.check(getattr(self, option.name))
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        as_dtype(self.dtype)
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(
                 f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}"

@@ -66,6 +66,7 @@ class EngineFront:
         ``random_weights``: of that preset's, as ``load_bundle`` builds it), without its
         weights. Raises as the engine's build would for a missing tokenizer, a tensor-parallel
         size that does not divide the heads, or a ``max_model_len`` beyond the model's."""
+        tokenizer: Tokenizer | None
         if random_weights is not None:
             model, tokenizer, eos = preset_parts(random_weights.preset)
         else:
@@ -131,10 +132,10 @@ def _checkpoint(config: EngineConfig) -> tuple[ModelConfig, Tokenizer | None, tu
 
 def preset_parts(name: str) -> tuple[ModelConfig, Tokenizer, tuple[int, ...]]:
     """A checkpoint preset's model config, tokenizer (built in memory) and stop tokens."""
-    from engine.checkpoint import BOS, EOS, PRESETS, build_tokenizer, hf_config
+    from engine.checkpoint import PRESETS, build_tokenizer, hf_config, special_ids
 
     preset = PRESETS[name]
     tokenizer = build_tokenizer(preset.tokenizer_vocab)
-    bos, eos = tokenizer.token_to_id(BOS), tokenizer.token_to_id(EOS)
+    bos, eos = special_ids(tokenizer)
     model = ModelConfig.from_dict(hf_config(preset, bos, eos))
     return model, tokenizer, model.eos_token_ids

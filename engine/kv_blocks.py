@@ -25,7 +25,7 @@ def prefix_chain(
     num_blocks: int,
     parent: int = ROOT_HASH,
     start: int = 0,
-) -> Iterator[tuple[int, tuple]]:
+) -> Iterator[tuple[int, tuple[int, ...]]]:
     """Full blocks ``start`` to ``num_blocks - 1`` of a prompt as (hash, tokens), each hash chained
     on the one before (``parent``: block ``start - 1``'s): a block's hash names its whole prefix,
     the prefix cache's key."""
@@ -97,6 +97,13 @@ class BlockPool:
     def hash_of(self, block: int) -> int | None:
         """The prefix hash the block is published under (None: not published)."""
         return self._block_hash[block]
+
+    def published_hash(self, block: int) -> int:
+        """The prefix hash of a block known to be published (a prefix-cache hit)."""
+        block_hash = self._block_hash[block]
+        if block_hash is None:
+            raise ValueError(f"block {block} is not published in the prefix index")
+        return block_hash
 
     # -- taking and releasing ---------------------------------------------------------------
 

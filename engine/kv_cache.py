@@ -263,7 +263,7 @@ class BlockManager:
             pool.share(block)
             table.append(block)
         self._tables[seq_id] = table
-        self._chains[seq_id] = [pool.hash_of(b) for b in hits]  # type: ignore[misc]
+        self._chains[seq_id] = [pool.published_hash(b) for b in hits]
         self._extend(table, self.blocks_for(num_tokens))
         return len(hits) * self.block_size
 

@@ -31,12 +31,14 @@ class KVStats(BaseModel):
     live_tokens: int = Field(description="Tokens whose K/V is stored in used blocks.")
     held_slots: int = Field(description="Slots of the used blocks (used × block_size).")
 
-    @computed_field(description="live_tokens / held_slots: padding and half-empty blocks lower it.")  # type: ignore[prop-decorator]
+    @computed_field(  # type: ignore[prop-decorator]  # mypy refuses a decorator on @property; pydantic's documented form
+        description="live_tokens / held_slots: padding and half-empty blocks lower it."
+    )
     @property
     def utilization(self) -> float:
         return self.live_tokens / self.held_slots if self.held_slots else 0.0
 
-    @computed_field(description="used / total.")  # type: ignore[prop-decorator]
+    @computed_field(description="used / total.")  # type: ignore[prop-decorator]  # mypy refuses a decorator on @property; pydantic's documented form
     @property
     def usage(self) -> float:
         return self.used / self.total if self.total else 0.0

@@ -134,7 +134,7 @@ class StepChanges:
         admission was undone: they hold no blocks any more, and store nothing at commit."""
         self._check_open()
         everything = seq_ids is None
-        ids = list({**self._before, **self._published}) if everything else list(seq_ids)
+        ids = list({**self._before, **self._published}) if seq_ids is None else list(seq_ids)
         for seq_id in ids:  # grows while it runs: dependents of dependents
             ids.extend(d for d in self._dependents.pop(seq_id, ()) if d not in ids)
         self._rolled_back.update(ids)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.builder import load_bundle
 from engine.config import EngineConfig
@@ -16,6 +16,9 @@ from engine.kv_stats import KVStats, ReclaimResult
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.shipped_models import embedded_default
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 ENGINE_FIELDS = frozenset(f.name for f in fields(EngineConfig)) - {"model"}
 """Keyword arguments of ``LLM`` that are engine settings; the others are policy params."""
@@ -106,7 +109,7 @@ class LLM:
         return self.engine.kv_stats()
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer | None:
         return self.engine.front.tokenizer
 
 
@@ -114,6 +117,10 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
     items = list(prompts)
-    if items and all(isinstance(t, int) for t in items):
-        return [items]  # one prompt given as token ids
-    return items
+    token_ids = [t for t in items if isinstance(t, int)]
+    if items and len(token_ids) == len(items):
+        return [token_ids]  # one prompt given as token ids
+    batch = [t for t in items if not isinstance(t, int)]
+    if len(batch) != len(items):
+        raise TypeError("a list of prompts holds a bare token id: give token ids as one list")
+    return batch

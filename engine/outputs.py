@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from engine.sequence import Sequence
 
@@ -58,16 +58,31 @@ class Lazy:
         setattr(owner, name, cls(name, owner.__dict__[name], resolve))
 
 
-class Snapshot:
+CountsT = TypeVar("CountsT")
+
+# What ``RequestOutput.of`` counted: tokens, characters, then ``RequestMetrics._of``'s arguments
+# (token times, first scheduled, first token, finish, preemptions, cached tokens).
+OutputCounts = tuple[int, int, int, float | None, float | None, float | None, int, int]
+
+
+class Snapshot(Generic[CountsT]):
     """Where a snapshot's lazy fields come from: the live request and what counted as of
-    then. Slots, not dataclass fields, so ``asdict``, ``==``, copies and pickles (dataclass's
-    slots ``__getstate__`` reads every field) carry values, never the live request."""
+    then (``CountsT``). Slots, not dataclass fields, so ``asdict``, ``==``, copies and pickles
+    (dataclass's slots ``__getstate__`` reads every field) carry values, never the live
+    request."""
 
     __slots__ = ("_counts", "_seq")
+    _seq: Sequence
+    _counts: CountsT
+
+    def _bind(self, seq: Sequence, counts: CountsT) -> None:
+        # Set here, in the class that declares the slots: mypy's dataclass plugin forgets a
+        # base's __slots__ when it checks an assignment in a @dataclass(slots=True) subclass.
+        self._seq, self._counts = seq, counts
 
 
 @dataclass(slots=True)
-class RequestMetrics(Snapshot):
+class RequestMetrics(Snapshot[int]):
     arrival_time: float
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -116,12 +131,22 @@ class RequestMetrics(Snapshot):
         )
 
     @classmethod
-    def _of(cls, seq: Sequence, num_times: int, *values: Any) -> RequestMetrics:
+    def _of(
+        cls,
+        seq: Sequence,
+        num_times: int,
+        first_scheduled_time: float | None,
+        first_token_time: float | None,
+        finish_time: float | None,
+        num_preemptions: int,
+        num_cached_tokens: int,
+    ) -> RequestMetrics:
         out = cls.__new__(cls)
         out.arrival_time = seq.arrival_time
-        out.first_scheduled_time, out.first_token_time = values[0], values[1]
-        out.finish_time, out.num_preemptions, out.num_cached_tokens = values[2:]
-        out._seq, out._counts = seq, num_times
+        out.first_scheduled_time, out.first_token_time = first_scheduled_time, first_token_time
+        out.finish_time, out.num_preemptions = finish_time, num_preemptions
+        out.num_cached_tokens = num_cached_tokens
+        out._bind(seq, num_times)
         return out
 
 
@@ -129,7 +154,7 @@ Lazy.install(RequestMetrics, "token_times", lambda m: m._seq.token_times[: m._co
 
 
 @dataclass(slots=True)
-class RequestOutput(Snapshot):
+class RequestOutput(Snapshot[OutputCounts]):
     request_id: str
     prompt_token_ids: list[int]
     token_ids: list[int]
@@ -185,10 +210,9 @@ class RequestOutput(Snapshot):
         out.finish_reason = seq.finish_reason
         out.stop_reason = seq.stop_reason
         out.error = error
-        out._seq = seq
         detok = seq.detokenizer
         out.text_delta = "" if detok is None else detok.take_delta(seq.is_finished)
-        out._counts = (  # tokens, characters, then what RequestMetrics.of copies, as of now
+        counts: OutputCounts = (  # tokens, characters, then what RequestMetrics.of copies, now
             len(seq.token_ids),
             0 if detok is None else detok.emitted,
             len(seq.token_times),
@@ -198,6 +222,7 @@ class RequestOutput(Snapshot):
             seq.num_preemptions,
             seq.num_cached_tokens,
         )
+        out._bind(seq, counts)
         return out
 
 

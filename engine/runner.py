@@ -21,12 +21,15 @@ from engine.model.llama import LlamaForCausalLM
 from engine.outputs import TokenLogprob
 from engine.sampler import Sampler, token_logprobs
 from engine.sequence import Sequence
-from kernels.attention import AttentionBackend, AttentionInputs, AttentionMetadata
+from kernels.attention import AttentionInputs, AttentionMetadata
 from kernels.registry import Backend, make_backend
 
 
 class Runner(Protocol):
-    last_forward_s: float
+    @property
+    def last_forward_s(self) -> float:
+        """Seconds the last ``execute`` spent in the forward (the engine only reads it)."""
+        ...
 
     def execute(self, batch: ScheduledBatch) -> StepResult: ...
 
@@ -92,7 +95,7 @@ class ModelRunner:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
-        self.attention: AttentionBackend = make_backend(backend, kv_caches, block_size)
+        self.attention = make_backend(backend, kv_caches, block_size)
         """Chosen once, here; owns whatever it keeps between steps (kernels.attention)."""
         self.sampler = sampler
         self.pad_token_id = pad_token_id

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.block_table import BlockTable
 from engine.detokenizer import IncrementalDetokenizer
 from engine.sampling_params import SamplingParams
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
     from engine.outputs import TokenLogprob
 
-NO_BLOCKS: abc.Sequence[int] = ()
+NO_BLOCKS = BlockTable([])
 """The block table of a sequence that holds no KV blocks."""
 
 
@@ -46,7 +47,9 @@ class Sequence:
     token_ids: list[int] = field(init=False)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
-    block_table: abc.Sequence[int] = NO_BLOCKS
+    # A factory only because dataclasses refuse an unhashable default: every sequence starts
+    # on the one shared, read-only NO_BLOCKS. A list where a simulator lays out blocks itself.
+    block_table: BlockTable | list[int] = field(default_factory=lambda: NO_BLOCKS)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     stop_reason: str | int | None = None

@@ -10,11 +10,11 @@ from typing import ClassVar
 from pydantic import Field
 
 from engine.sequence import Sequence
-from policies.base import JsonInt, PolicyParams
-from policies.grouped import PaddedGroupPolicy
+from policies.base import JsonInt
+from policies.grouped import GroupParams, PaddedGroupPolicy
 
 
-class DynamicParams(PolicyParams):
+class DynamicParams(GroupParams):
     caps: ClassVar[dict[str, str]] = {"max_batch_size": "max_num_seqs"}
     max_batch_size: JsonInt = Field(32, ge=1, le=65536, description="Most requests in one group.")
     length_window: JsonInt = Field(

@@ -32,10 +32,16 @@ class GroupSnapshot(PolicySnapshot):
     groups_started: int = Field(description="Groups started so far.")
 
 
+class GroupParams(PolicyParams):
+    """What every padded-group policy's params hold (each declares its own default and text)."""
+
+    max_batch_size: int
+
+
 class PaddedGroupPolicy(SchedulingPolicy):
     def __init__(
         self,
-        params: PolicyParams,
+        params: GroupParams,
         limits: EngineLimits,
         blocks: BlockManager,
         clock: Callable[[], float],
@@ -43,7 +49,7 @@ class PaddedGroupPolicy(SchedulingPolicy):
         super().__init__(params, limits, blocks, clock)
         self.group: list[Sequence] = []
         self.queued_groups: deque[list[Sequence]] = deque()
-        self.max_batch_size = min(params.max_batch_size, limits.max_num_seqs)  # type: ignore[attr-defined]
+        self.max_batch_size = min(params.max_batch_size, limits.max_num_seqs)
         self.token_budget = limits.max_num_batched_tokens
         self.groups_started = 0
 

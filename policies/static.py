@@ -8,11 +8,11 @@ from typing import ClassVar
 from pydantic import Field
 
 from engine.sequence import Sequence
-from policies.base import JsonInt, PolicyParams
-from policies.grouped import PaddedGroupPolicy
+from policies.base import JsonInt
+from policies.grouped import GroupParams, PaddedGroupPolicy
 
 
-class StaticParams(PolicyParams):
+class StaticParams(GroupParams):
     caps: ClassVar[dict[str, str]] = {"max_batch_size": "max_num_seqs"}
     max_batch_size: JsonInt = Field(32, ge=1, le=65536, description="Requests per padded batch.")
 

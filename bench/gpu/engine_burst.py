@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from engine.engine import LLMEngine
     from engine.outputs import RequestOutput
     from engine.sampling_params import SamplingParams
+    from kernels.registry import BackendChoice
 
 
 class EngineTimeout(Exception):
@@ -66,16 +67,16 @@ def run_engine(s: Shapes, device: torch.device, timeout_s: int) -> dict[str, Any
     few = prompts[:8]
     total_tokens = s.engine_prompts * (s.engine_prompt_len + s.engine_max_tokens)
 
-    def config(backend: str) -> EngineConfig:
+    def config(backend: BackendChoice) -> EngineConfig:
         return EngineConfig(
             model=f"random:{s.engine_preset}",  # a label: the weights come from RandomWeights
             policy="continuous",
             device=device.type,
-            dtype=s.engine_dtype,  # type: ignore[arg-type]
+            dtype=s.engine_dtype,
             block_size=s.block_size,
             num_kv_blocks=2 * -(-total_tokens // s.block_size) + 64,
             max_model_len=s.engine_prompt_len + s.engine_max_tokens + 16,
-            attention_backend=backend,  # type: ignore[arg-type]
+            attention_backend=backend,
         )
 
     result: dict[str, Any] = {

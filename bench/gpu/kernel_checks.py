@@ -41,7 +41,10 @@ def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max())
 
 
-def decode_inputs(s: Shapes, lens: list[int], device: torch.device):
+def decode_inputs(
+    s: Shapes, lens: list[int], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Query, K and V pools, block tables and lengths: ``paged_decode_attention``'s inputs."""
     tables, num_blocks = scattered_tables(lens, s.block_size, device)
     k_cache, v_cache = random_cache(num_blocks, s, device)
     query = torch.randn(len(lens), s.num_heads, s.head_dim, device=device)

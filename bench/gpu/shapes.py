@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # types only: the GPU check imports no engine module before it must
+    from engine.config import Dtype
+    from kernels.registry import BackendChoice
 
 BANDWIDTH_GOAL = 0.70
 """Decode at the target shape should read K/V at this fraction of the copy bandwidth."""
@@ -31,12 +36,12 @@ class Shapes:
     sweep: tuple[tuple[int, int, int], ...]
     """Decode launch configs: (tile_n, num_warps, num_stages)."""
     engine_preset: str
-    engine_dtype: str
+    engine_dtype: Dtype
     engine_prompts: int
     engine_prompt_len: int
     engine_max_tokens: int
     engine_timeout_s: int
-    engine_backend: str
+    engine_backend: BackendChoice
 
 
 GPU = Shapes(

@@ -15,6 +15,8 @@ hidden states and rank 0 samples with no gather. With one rank nothing changes.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -24,6 +26,9 @@ from engine.model.config import ModelConfig
 from engine.model.rope import RopeTables, RotaryEmbedding, rotate_
 from engine.parallel.shard import SINGLE, Shard
 from kernels.attention import AttentionBackend, AttentionMetadata
+
+MetaT = TypeVar("MetaT", bound=AttentionMetadata)
+"""The attention backend's own metadata: ``prepare`` makes it, every layer reads it."""
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -84,12 +89,12 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,
         rope: RopeTables,
-        attention: AttentionBackend,
-        meta: AttentionMetadata,
+        attention: AttentionBackend[MetaT],
+        meta: MetaT,
     ) -> torch.Tensor:
         tokens = x.shape[0]
         qkv = F.linear(x, self.qkv_proj, self.qkv_bias)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = qkv.split_with_sizes([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
@@ -148,8 +153,8 @@ class DecoderLayer(nn.Module):
         self,
         x: torch.Tensor,
         rope: RopeTables,
-        attention: AttentionBackend,
-        meta: AttentionMetadata,
+        attention: AttentionBackend[MetaT],
+        meta: MetaT,
     ) -> torch.Tensor:
         """Adds to ``x`` in place (the residual stream is the model's own buffer)."""
         x.add_(self.self_attn(self.input_layernorm(x), rope, attention, meta))
@@ -184,19 +189,27 @@ class LlamaForCausalLM(nn.Module):
             device,
         )
 
+    def layer(self, index: int) -> DecoderLayer:
+        """Decoder layer ``index`` (``nn.ModuleList`` hands out a plain ``Module``)."""
+        layer = self.layers[index]
+        if not isinstance(layer, DecoderLayer):
+            raise TypeError(f"layer {index} is a {type(layer).__name__}, not a DecoderLayer")
+        return layer
+
     def forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        attention: AttentionBackend,
-        meta: AttentionMetadata,
+        attention: AttentionBackend[MetaT],
+        meta: MetaT,
     ) -> torch.Tensor:
         """``attention`` holds every layer's KV pool; ``meta`` is its ``prepare`` of this step."""
         x = F.embedding(input_ids, self.embed_tokens)
         rope = self.rope.tables(positions)  # once per step, not per layer
         for layer in self.layers:
             x = layer(x, rope, attention, meta)
-        return self.norm(x)
+        out: torch.Tensor = self.norm(x)  # nn.Module.__call__ is untyped (returns Any)
+        return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens if self.lm_head is None else self.lm_head

@@ -153,10 +153,12 @@ class WeightTargets:
             return None
         if int(parts[2]) >= len(model.layers):
             return None
-        layer = model.layers[int(parts[2])]
+        layer = model.layer(int(parts[2]))
         module, proj, kind = parts[3], parts[4], parts[-1]
-        if module in ("input_layernorm", "post_attention_layernorm") and kind == "weight":
-            return getattr(layer, module).weight
+        if module == "input_layernorm" and kind == "weight":
+            return layer.input_layernorm.weight
+        if module == "post_attention_layernorm" and kind == "weight":
+            return layer.post_attention_layernorm.weight
         attn, mlp = layer.self_attn, layer.mlp
         if module == "self_attn" and proj in self.qkv_rows:
             fused = attn.qkv_proj if kind == "weight" else attn.qkv_bias

@@ -20,7 +20,8 @@ def inverse_frequencies(
     if kind == "default":
         return inv_freq
     if kind == "linear":
-        return inv_freq / scaling["factor"]
+        linear: float = scaling["factor"]
+        return inv_freq / linear
     if kind != "llama3":
         raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3)")
     factor = scaling["factor"]

@@ -133,7 +133,7 @@ class SafetensorsFile:
     def _read_bytes(self, entry: TensorEntry, dst: torch.Tensor) -> None:
         if entry.nbytes == 0:
             return
-        buffer = memoryview(dst.detach().reshape(-1).view(torch.uint8).numpy())
+        buffer = dst.detach().reshape(-1).view(torch.uint8).numpy().data  # a memoryview
         self._file.seek(entry.offset)
         done = 0
         while done < entry.nbytes:

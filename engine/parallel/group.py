@@ -66,7 +66,10 @@ def init_group(store: dist.TCPStore, rank: int, world_size: int, device: str) ->
         world_size=world_size,
         timeout=timeout,
     )
-    return dist.new_group(backend="gloo", timeout=timeout if rank == 0 else IDLE_TIMEOUT)
+    group: dist.ProcessGroup = dist.new_group(  # new_group is unannotated in torch (Any)
+        backend="gloo", timeout=timeout if rank == 0 else IDLE_TIMEOUT
+    )
+    return group
 
 
 def close_group() -> None:

@@ -13,6 +13,7 @@ import threading
 import time
 import traceback
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,13 +22,17 @@ from engine.parallel.group import close_group, init_group, open_store, rank_devi
 from engine.parallel.messages import BuildRunner, StepMessage, Stop, receive
 from engine.parallel.shard import Shard
 
+if TYPE_CHECKING:
+    from engine.builder import RandomWeights
+    from engine.runner import ModelRunner
+
 
 def run(
     rank: int,
     world_size: int,
     port: int,
     config: EngineConfig,
-    random_weights: object,
+    random_weights: RandomWeights | None,
     num_threads: int,
 ) -> None:
     """The spawned process's entry point."""
@@ -38,13 +43,13 @@ def run(
     store = open_store(rank, world_size, port)
     config = replace(config, device=rank_device(config.device, rank))
     try:
-        bundle = load_bundle(config, random_weights, shard=Shard(rank, world_size))  # type: ignore[arg-type]
+        bundle = load_bundle(config, random_weights, shard=Shard(rank, world_size))
     except BaseException:
         store.set(f"error/{rank}", traceback.format_exc())
         raise
     store.set(f"loaded/{rank}", "1")
     messages = init_group(store, rank, world_size, config.device)
-    runner = None
+    runner: ModelRunner | None = None
     try:
         with torch.inference_mode():
             while not isinstance(message := receive(messages), Stop):
@@ -56,7 +61,7 @@ def run(
         close_group()
 
 
-def replay(runner, message: StepMessage) -> None:
+def replay(runner: ModelRunner, message: StepMessage) -> None:
     """Rank 0's forward, on this rank's shard and KV pool (``ModelRunner.execute`` minus the
     sampling)."""
     if message.block_copies:

@@ -21,6 +21,7 @@ import contextlib
 import time
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -33,6 +34,9 @@ from engine.parallel.messages import BuildRunner, StepMessage, Stop, send
 from engine.parallel.shard import Shard
 from kernels.attention import AttentionInputs
 
+if TYPE_CHECKING:
+    from engine.builder import RandomWeights
+
 STOP_TIMEOUT_S = 10.0
 """How long ``close`` waits for a worker to leave before it terminates it."""
 
@@ -42,7 +46,7 @@ class TensorParallelError(RuntimeError):
 
 
 class TensorParallelWorld:
-    def __init__(self, config: EngineConfig, random_weights: object = None) -> None:
+    def __init__(self, config: EngineConfig, random_weights: RandomWeights | None = None) -> None:
         """Spawn the worker ranks; they start loading their shards at once."""
         if dist.is_initialized():
             raise TensorParallelError(
@@ -61,7 +65,7 @@ class TensorParallelWorld:
         self.shard = Shard(0, self.world_size)
         self.store = open_store(0, self.world_size)
         self.failure: str | None = None
-        self.messages = None
+        self.messages: dist.ProcessGroup | None = None
         self.closed = False
         context = mp.get_context("spawn")
         args = (self.world_size, self.store.port, config, random_weights, torch.get_num_threads())
@@ -144,7 +148,7 @@ class TensorParallelWorld:
         if self.failure is None and self.closed:
             self.failure = "the tensor-parallel ranks were stopped (the LLM was closed)"
         if self.failure is None and (ended := wait(self._sentinels, 0)):
-            rank = self._sentinels.index(ended[0]) + 1
+            rank = next(r for r, s in enumerate(self._sentinels, 1) if s in ended)
             code = self.processes[rank - 1].exitcode
             self.failure = f"tensor-parallel rank {rank} exited" + (
                 "" if code is None else f" with code {code}"
