@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +53,7 @@ class LLMEngine:
         eos_token_ids: tuple[int, ...] = (),
         vocab_size: int | None = None,
         clock: Callable[[], float] = time.monotonic,
-        policy: PolicySpec | str | dict[str, Any] | None = None,
+        policy: PolicySpec | str | Mapping[str, Any] | None = None,
     ) -> None:
         self.config = config
         self.runner = runner
@@ -89,7 +89,7 @@ class LLMEngine:
         config: EngineConfig,
         clock: Callable[[], float] = time.monotonic,
         bundle: ModelBundle | None = None,
-        policy: PolicySpec | str | dict[str, Any] | None = None,
+        policy: PolicySpec | str | Mapping[str, Any] | None = None,
     ) -> LLMEngine:
         """Load the checkpoint (or reuse a loaded ``bundle``) and size a fresh KV pool."""
         from engine.builder import build_runner, load_bundle
@@ -313,7 +313,7 @@ class LLMEngine:
             return list(self._inbox)
 
     def set_policy(
-        self, spec: PolicySpec | str | dict[str, Any], version: int | None = None
+        self, spec: PolicySpec | str | Mapping[str, Any], version: int | None = None
     ) -> Future[PolicySpec]:
         """Validate now (raises pydantic's ValidationError); switch at the next boundary.
         ``version`` (the control plane's policy version) is recorded with the switch and

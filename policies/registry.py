@@ -7,7 +7,7 @@ from typing import Any
 
 from engine.config import EngineLimits
 from engine.kv_cache import BlockManager
-from policies.base import PolicyName, SchedulingPolicy
+from policies.base import SchedulingPolicy
 from policies.continuous import ContinuousPolicy
 from policies.dynamic import DynamicPolicy
 from policies.hybrid import HybridPolicy
@@ -19,7 +19,7 @@ POLICIES: dict[str, type[SchedulingPolicy]] = {
 }
 
 
-def as_spec(spec: PolicySpec | PolicyName | Mapping[str, Any]) -> PolicySpec:
+def as_spec(spec: PolicySpec | str | Mapping[str, Any]) -> PolicySpec:
     """A typed spec as it is; a policy's name (an engine flag) with its default params; JSON-like
     data (an in-process caller's ``{"name": ..., "params": ...}``) parsed once here."""
     if isinstance(spec, str):

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from engine.config import EngineLimits
-from policies.base import PolicyName, PolicyParams
+from policies.base import PolicyParams
 from policies.continuous import ContinuousParams
 from policies.dynamic import DynamicParams
 from policies.hybrid import HybridParams
@@ -63,8 +63,8 @@ _ADAPTER: TypeAdapter[PolicySpec] = TypeAdapter(PolicySpec)
 _NAMES = " or ".join(f"'{n}'" for n in SPECS).replace(" or ", ", ", len(SPECS) - 2)
 
 
-def default_spec(name: PolicyName) -> PolicySpec:
-    """The policy with every param at its default."""
+def default_spec(name: str) -> PolicySpec:
+    """The policy with every param at its default (ValidationError for an unknown name)."""
     return _ADAPTER.validate_python({"name": name})
 
 
