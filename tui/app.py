@@ -417,4 +417,5 @@ def run_console(
     if read_only:
         overrides["read_only"] = True
     # Only the flags given: the others still come from SERVEDECK_TUI_* or the defaults.
+    # each override is its field's type (argparse's value for that flag)
     ConsoleApp(ConsoleSettings(**overrides)).run()  # type: ignore[arg-type]

@@ -145,7 +145,7 @@ def if_match_version(
             description='A version: N or "N" (or *: any).',
             json_schema_extra={"pattern": IF_MATCH_PATTERN},
         ),
-    ] = None,  # type: ignore[assignment]
+    ] = None,  # type: ignore[assignment]  # None: header absent, yet the schema offers no null
 ) -> int | None:
     """Checked here, by the same pattern the schema shows, for an error naming the header."""
     if if_match is None:

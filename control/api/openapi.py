@@ -61,4 +61,4 @@ def document_limits(
             app.openapi_schema = None  # build it again once the model is loaded
         return schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override

@@ -117,6 +117,8 @@ class ChatCompletionRequest(UnsupportedFields):
 
     model_config = ConfigDict(json_schema_extra=TOP_LOGPROBS_NEEDS_LOGPROBS)
 
+    # _shared(...) is the completions body's own field type (one definition for both bodies):
+    # a type mypy cannot read from a call, hence the valid-type ignores of these fields
     model: _shared("model")  # type: ignore[valid-type]
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: OutputLimit | None = Field(

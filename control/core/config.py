@@ -68,6 +68,7 @@ DEMO_LOAD_RATE = 2.0
 """Requests/s of ``--demo-load`` given without a rate (gentle: batching shows, the CPU keeps up)."""
 
 
+# the base is made by create_model from EngineConfig's options: mypy cannot see through it
 class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
     model_config = SettingsConfigDict(env_prefix="SERVEDECK_", extra="ignore")
 

@@ -85,6 +85,7 @@ class Fleet(EngineService, ReplicaControl):
         most = settings.max_replicas or settings.replicas or 1
         local = None if settings.ray_address else LocalRay(max(os.cpu_count() or 1, most * threads))
         try:
+            # local is None only when ray_address is given
             connect(settings.ray_address or local.address, local)  # type: ignore[union-attr]
             from ray import serve
 

@@ -36,5 +36,6 @@ class FleetCollector(Collector):
 def install(metrics: ControlMetrics, snapshots: Callable[[], dict[str, EngineSnapshot]]) -> None:
     """Replace the single engine's collector by the fleet's."""
     metrics.registry.unregister(metrics.engine)
+    # the fleet's collector stands where the engine's stood (the same render() contract)
     metrics.engine = FleetCollector(snapshots)  # type: ignore[assignment]
     metrics.registry.register(metrics.engine)

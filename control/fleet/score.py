@@ -62,7 +62,7 @@ class ReplicaLoad:
             return None
         return cls(
             **{k: stats[k] for k in ("waiting", "running", "free_blocks", "version") if k in stats}
-        )  # type: ignore[arg-type]
+        )  # type: ignore[arg-type]  # Ray hands the routing stats over as an untyped dict
 
 
 @dataclass(frozen=True)

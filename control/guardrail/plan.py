@@ -83,6 +83,7 @@ def _bound(config: GuardrailConfig, knob: str) -> tuple[float, float] | None:
 def _range(name: str, knob: str, config: GuardrailConfig, limits: EngineLimits) -> tuple[Any, Any]:
     """The knob's bounds for policy ``name``, its max lowered to the engine cap if it has one
     (a range wholly above the cap is left as it is: nothing in it is valid)."""
+    # the candidates come from the knobs that have bounds: never None here
     low, high = _bound(config, knob)  # type: ignore[misc]
     cap_name = POLICIES[name].params_model.caps.get(knob)
     if cap_name is not None:

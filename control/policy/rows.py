@@ -60,6 +60,7 @@ def settings_of(row: PolicyVersion) -> PolicySettings:
 
 def status_of(row: PolicyVersion) -> VersionStatus:
     at = as_utc(row.state_at) if row.state_at is not None else None
+    # the column is a str; the store writes only VersionState's values into it
     return VersionStatus(state=row.state, state_reason=row.state_reason, state_at=at)  # type: ignore[arg-type]
 
 

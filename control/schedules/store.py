@@ -164,6 +164,7 @@ class Schedules:
             ).all()
             for row in holding:
                 same = window is not None and row.id == window.schedule_id
+                # `same` implies a window; a row holding one has its window_start
                 if not (same and as_utc(row.window_start) == window.start):  # type: ignore[union-attr, arg-type]
                     self._end(session, row, now, window.schedule_id if window else None)
             if window is not None:

@@ -205,7 +205,7 @@ def document_policy_caps(app: FastAPI, limits: Callable[[], EngineLimits | None]
                         typed["maximum"] = min(typed["maximum"], getattr(known, limit))
         return schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
 
 
 router = APIRouter()

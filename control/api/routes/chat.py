@@ -67,6 +67,7 @@ async def create_chat_completion(
     except RequestRejected as exc:  # the engine names its own fields
         names = {"prompt": "messages", "max_tokens": body.output_limit_field}
         renamed = RequestRejected(str(exc), names.get(exc.param, exc.param))
+        # the error handler reads `code` where a refusal carries one (getattr)
         renamed.code = rejection_code(exc)  # type: ignore[attr-defined]
         raise renamed from exc
     render = Render(body, front)
