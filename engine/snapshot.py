@@ -17,7 +17,7 @@ from pydantic.dataclasses import dataclass
 from engine.kv_stats import KVStats, ReclaimResult
 from engine.sequence import Sequence
 from engine.stats import EngineStats
-from policies.base import PolicySnapshot
+from policies.snapshot import PolicySnapshot
 from policies.spec import PolicySpec
 
 if TYPE_CHECKING:

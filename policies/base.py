@@ -19,11 +19,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
@@ -31,13 +30,14 @@ from pydantic import (
     field_validator,
     model_serializer,
 )
-from pydantic_core import PydanticCustomError
 
 from engine.batch import ScheduledBatch, ScheduledSeq
 from engine.config import EngineLimits
 from engine.kv_cache import BlockManager
 from engine.kv_step import StepChanges
 from engine.sequence import NO_BLOCKS, Sequence, SequenceStatus
+from policies.json_types import JsonNumberOrNull
+from policies.snapshot import PolicySnapshot
 
 PolicyName = Literal["static", "dynamic", "continuous", "hybrid"]
 
@@ -59,42 +59,6 @@ def max_wait_field(default: float | None) -> Any:
         ),
         json_schema_extra={"x-null": "off"},
     )
-
-
-JsonType = Literal["integer", "number", "boolean", "null"]
-_IS_JSON: dict[str, Callable[[Any], bool]] = {
-    "integer": lambda v: (
-        (isinstance(v, int) and not isinstance(v, bool))
-        or (isinstance(v, float) and v.is_integer())
-    ),
-    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-    "boolean": lambda v: isinstance(v, bool),
-    "null": lambda v: v is None,
-}
-
-
-def json_typed(*kinds: JsonType) -> BeforeValidator:
-    """A param takes these JSON types only (stricter than pydantic's lax mode, as JSON Schema
-    types them): ``"16"`` or ``true`` is no integer and ``1`` no boolean, while ``16.0`` is an
-    integer (and becomes ``16``). Bounds and engine caps are checked after."""
-    allowed = " or ".join(sorted(kinds))
-
-    def check(value: Any) -> Any:
-        if not any(_IS_JSON[kind](value) for kind in kinds):
-            raise PydanticCustomError(
-                "json_type", "Input should be of JSON type {types}", {"types": allowed}
-            )
-        if isinstance(value, float) and "integer" in kinds and "number" not in kinds:
-            return int(value)
-        return value
-
-    return BeforeValidator(check)
-
-
-JsonInt = Annotated[int, json_typed("integer")]
-JsonIntOrNull = Annotated[int | None, json_typed("integer", "null")]
-JsonNumberOrNull = Annotated[float | None, json_typed("number", "null")]
-JsonBool = Annotated[bool, json_typed("boolean")]
 
 
 def cap_error(field: str, value: Any, limit_name: str, limits: EngineLimits) -> str | None:
@@ -167,30 +131,6 @@ MaxBatchedTokens = Field(
     description="Token budget of one step (default: the engine cap).",
     json_schema_extra={"x-null": "engine cap"},
 )
-
-
-class PolicySnapshot(BaseModel):
-    """What a policy reports of itself for ``/admin/state``; policies add their own fields
-    in a subclass. Built fresh by each ``snapshot()`` call, never edited afterwards."""
-
-    model_config = ConfigDict(frozen=True, from_attributes=True)
-    policy: str = Field(description="The policy's name.")
-    params: dict[str, Any] = Field(
-        description="Its params in force: defaults filled in, engine caps shown as values."
-    )
-    waiting: int = Field(description="Requests waiting to be admitted.")
-    running: int = Field(description="Requests holding KV blocks and being computed.")
-    preemptions: int = Field(description="Sequences preempted (recompute) so far.")
-    overdue: int = Field(0, description="Waiting requests past max_wait_s (aging).")
-    mode: str | None = Field(None, description="The hybrid policy's current mode.")
-    draining_to: int | None = Field(
-        None,
-        description=(
-            "Draining to N: the cap on running sequences in force while more than it are "
-            "running (a lowered cap admits nobody until under it and preempts nobody); "
-            "null otherwise."
-        ),
-    )
 
 
 class SchedulingPolicy(ABC):

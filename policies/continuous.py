@@ -25,15 +25,13 @@ from engine.kv_cache import BlockManager
 from engine.sequence import Sequence, SequenceStatus
 from policies.base import (
     DEFAULT_MAX_WAIT_S,
-    JsonBool,
-    JsonIntOrNull,
-    JsonNumberOrNull,
     MaxBatchedTokens,
     MaxNumSeqs,
     PolicyParams,
     SchedulingPolicy,
     max_wait_field,
 )
+from policies.json_types import JsonBool, JsonIntOrNull, JsonNumberOrNull
 
 DEFAULT_MAX_PREFILL_TOKENS: int | None = 256
 """Chosen from the curve (bench/prefill_budget.py; docs/benchmarks.md, "Prefill budget") on the

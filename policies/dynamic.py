@@ -10,8 +10,8 @@ from typing import ClassVar
 from pydantic import Field
 
 from engine.sequence import Sequence
-from policies.base import JsonInt
 from policies.grouped import GroupParams, PaddedGroupPolicy
+from policies.json_types import JsonInt
 
 
 class DynamicParams(GroupParams):

@@ -21,7 +21,8 @@ from engine.batch import ScheduledBatch
 from engine.config import EngineLimits
 from engine.kv_cache import BlockManager
 from engine.sequence import Sequence, SequenceStatus
-from policies.base import PolicyParams, PolicySnapshot, SchedulingPolicy
+from policies.base import PolicyParams, SchedulingPolicy
+from policies.snapshot import PolicySnapshot
 
 
 class GroupSnapshot(PolicySnapshot):

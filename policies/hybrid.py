@@ -15,8 +15,8 @@ from pydantic import Field
 
 from engine.batch import ScheduledBatch
 from engine.sequence import Sequence, SequenceStatus
-from policies.base import JsonInt
 from policies.continuous import ContinuousParams, ContinuousPolicy
+from policies.json_types import JsonInt
 
 
 class HybridParams(ContinuousParams):

@@ -15,7 +15,7 @@ from engine.snapshot import (
     Throughput,
     Totals,
 )
-from policies.base import PolicySnapshot
+from policies.snapshot import PolicySnapshot
 
 MAX_RECLAIMS = 10
 

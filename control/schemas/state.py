@@ -13,7 +13,7 @@ from pydantic import (
 from control.models import ReclaimRunBase
 from engine.kv_stats import KVStats
 from engine.snapshot import Latency, QueueDepths, RequestSnapshot, Throughput, Totals
-from policies.base import PolicySnapshot
+from policies.snapshot import PolicySnapshot
 from policies.spec import PolicySpec
 
 
