@@ -8,7 +8,7 @@ and policy changes count themselves.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -54,6 +54,11 @@ class EngineCollector(Collector):
 
     def __init__(self) -> None:
         self.snapshot: EngineSnapshot | None = None
+
+    def refresh(self, latest: Callable[[], EngineSnapshot | None]) -> None:
+        """Before a scrape: the newest snapshot, or the last one kept when none came."""
+        if (snapshot := latest()) is not None:
+            self.snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
         snap = self.snapshot
@@ -261,7 +266,8 @@ class ControlMetrics:
     def count_stall(self) -> None:
         self.engine_stalls.inc()
 
-    def render(self, snapshot: EngineSnapshot | None) -> bytes:
-        if snapshot is not None:
-            self.engine.snapshot = snapshot
+    def render(self, latest: Callable[[], EngineSnapshot | None]) -> bytes:
+        """The exposition; ``latest`` (the engine's snapshot now, None when there is none) is
+        called only by a collector that reads it: a fleet's reads each replica's own."""
+        self.engine.refresh(latest)
         return generate_latest(self.registry)

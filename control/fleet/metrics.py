@@ -16,7 +16,10 @@ from engine.snapshot import EngineSnapshot
 class FleetCollector(Collector):
     def __init__(self, snapshots: Callable[[], dict[str, EngineSnapshot]]) -> None:
         self._snapshots = snapshots
-        self.snapshot: EngineSnapshot | None = None  # set by ControlMetrics.render; unused
+
+    def refresh(self, latest: Callable[[], EngineSnapshot | None]) -> None:
+        """Nothing to read before a scrape: ``collect`` asks each replica for its own (the
+        fleet's summed snapshot would be a second fan-out to every replica, unused)."""
 
     def collect(self) -> Iterator[Metric]:
         merged: dict[str, Metric] = {}

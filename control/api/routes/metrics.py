@@ -8,6 +8,7 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from control.api.deps import ContextDep
+from engine.snapshot import EngineSnapshot
 
 router = APIRouter(tags=["public"])
 
@@ -20,8 +21,11 @@ gets the last snapshot's figures, so the scrape still answers well inside Promet
 
 @router.get("/metrics", response_class=Response)
 def metrics(ctx: ContextDep) -> Response:
-    snapshot = None
-    if ctx.runtime is not None:
+    runtime = ctx.runtime
+
+    def latest() -> EngineSnapshot | None:
         with contextlib.suppress(TimeoutError):  # the collector keeps the last snapshot
-            snapshot = ctx.runtime.service.snapshot(timeout=SNAPSHOT_WAIT_S)
-    return Response(ctx.metrics.render(snapshot), media_type=CONTENT_TYPE_LATEST)
+            return runtime.service.snapshot(timeout=SNAPSHOT_WAIT_S) if runtime else None
+        return None
+
+    return Response(ctx.metrics.render(latest), media_type=CONTENT_TYPE_LATEST)
