@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -255,12 +256,13 @@ async def events(
     try:
         for choices in first:
             yield chunk(choices, report.so_far())
-        async for prompt, output in merged([part.stream for part in prompts]):
-            last[prompt, output.index] = output
-            part = prompts[prompt]
-            choice = part.render.chunk(output, part.offset + output.index)
-            if choice is not None:
-                yield chunk([choice], report.so_far(output))
+        async with aclosing(merged([part.stream for part in prompts])) as outputs:
+            async for prompt, output in outputs:  # closed with this stream, even at a yield
+                last[prompt, output.index] = output
+                part = prompts[prompt]
+                choice = part.render.chunk(output, part.offset + output.index)
+                if choice is not None:
+                    yield chunk([choice], report.so_far(output))
         if report.final and last:
             yield chunk([], usage(last))
     except (EngineStepError, EngineStopped) as exc:

@@ -45,9 +45,15 @@ class PromptStream(Generic[Choice]):
 
 async def admitted(prompts: Sequence[PromptStream[Choice]]) -> None:
     """Once every prompt's engine took it. A batch is admitted whole: a refusal raises from
-    the first stream awaited, and none of its prompts stays queued."""
-    for part in prompts:
-        await part.stream.admitted()
+    the first stream awaited; then, or when the client went away meanwhile, every stream is
+    closed, so that none of its prompts stays queued."""
+    try:
+        for part in prompts:
+            await part.stream.admitted()
+    except BaseException:
+        for part in prompts:
+            await part.stream.aclose()
+        raise
 
 
 async def merged(streams: Sequence[EngineStream]) -> AsyncIterator[tuple[int, RequestOutput]]:

@@ -231,3 +231,27 @@ def test_cached_tokens_count_the_prefix_cache_hits_once_per_prompt(http: httpx.C
     assert last["usage"]["prompt_tokens_details"] == {"cached_tokens": cached}
     batch = complete(http, [prompt, prompt[:40]])
     assert batch["usage"]["prompt_tokens_details"]["cached_tokens"] == cached + 32
+
+
+async def test_a_client_that_leaves_a_streamed_batch_aborts_every_prompt(
+    http: httpx.Client, batch_server: ServerProcess
+) -> None:
+    before = state(http)["totals"]["generation_tokens"]
+    long = {"max_tokens": 900, "ignore_eos": True, "stream": True}
+    async with (
+        batch_server.async_client() as client,
+        client.stream("POST", "/v1/completions", json=body([[3, 4], [5, 6]], **long)) as response,
+    ):
+        assert response.status_code == 200
+        received = 0
+        async for line in response.aiter_lines():
+            received += line.startswith("data: ")
+            if received == 4:
+                break  # leaving the block closes the connection mid-stream
+
+    def released() -> dict[str, Any] | None:
+        snap = state(http)
+        return snap if not snap["requests"] and snap["kv"]["used"] == 0 else None
+
+    snap = wait_for(released, timeout=20)
+    assert snap["totals"]["generation_tokens"] - before < 900  # neither ran to its end
