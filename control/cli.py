@@ -154,6 +154,7 @@ SERVER_LIMITS = (
     "max_stop_strings",
     "max_stop_length",
     "max_schedules",
+    "max_batch_prompts",
     "max_request_tokens",
     "max_logprob_entries",
     "chat_template_timeout_s",
