@@ -5,10 +5,12 @@ value as numpy views of that map, two small arrays per string with a dtype objec
 shipped SmolLM2 file (49,152 tokens, 48,900 merges) opening it took 6 s and 160 MiB of
 anonymous memory, 0.3× the float32 model (0.6× in bfloat16), held for as long as the
 checkpoint was open; and every tensor page a load touched stayed resident as the map's
-file-backed pages, so loading peaked at 1.7× the dequantized model. Here the header is parsed
-once (``struct`` over a map closed before returning) into ``str``/``int``/``float``/``bool``
-and lists of them, tensors are located by offset and read with ``readinto``
-(``engine.model.gguf_file``): the load holds the model, and nothing of the file stays mapped.
+file-backed pages (with whole-tensor dequantization, a served load peaked at 1.78× the
+float32 model, 2.56× in bfloat16: ``docs/gguf.md``). Here the header is parsed once
+(``struct`` over a map of the file, closed before returning: only the header's pages were
+touched) into ``str``/``int``/``float``/``bool`` and lists of them, and tensors are located by
+offset, to be read with ``readinto`` (``engine.model.gguf_tensors``): nothing of the file
+stays mapped.
 
 The format (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md), little-endian: the
 magic ``GGUF``, a uint32 version (2 or 3: version 1 had 32-bit counts), uint64 tensor and
