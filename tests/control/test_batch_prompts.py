@@ -128,6 +128,22 @@ def test_echo_and_logprobs_apply_to_each_prompt_of_a_batch(http: httpx.Client) -
             assert top == pytest.approx(their_top, abs=1e-4)
 
 
+def test_lm_evaluation_harness_log_likelihood_batch(http: httpx.Client) -> None:
+    """What lm-evaluation-harness's ``local-completions`` sends for log-likelihoods: token-id
+    lists, one token each, echoed with their logprobs (it read a 400 here before)."""
+    prompts = TOKEN_LISTS[:2]
+    payload = {"model": "tiny", "prompt": prompts, "max_tokens": 1, "temperature": 0}
+    payload |= {"logprobs": 1, "seed": 1234, "echo": True}
+    response = http.post("/v1/completions", json=payload)
+    assert response.status_code == 200, response.text
+    choices = sorted(response.json()["choices"], key=lambda choice: choice["index"])
+    for prompt, choice in zip(prompts, choices, strict=True):
+        logprobs = choice["logprobs"]
+        assert len(logprobs["token_logprobs"]) == len(prompt) + 1  # the prompt's and the one
+        assert logprobs["token_logprobs"][0] is None
+        assert all(isinstance(lp, float) for lp in logprobs["token_logprobs"][1:])
+
+
 @pytest.mark.parametrize(
     "prompt",
     [[], [""], ["a", ""], [[1], []], ["a", 1], [[1, 2], "a"], [1, [2]], [["a"]]],
