@@ -322,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_simulate_parser(sub)
 
-    from bench.load import add_parser as add_load_parser
+    from bench.load_cli import add_parser as add_load_parser
 
     add_load_parser(sub)
 
