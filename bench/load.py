@@ -221,7 +221,7 @@ class LoadGenerator:
             self.completed += 1
             if self.config.keep_records:
                 self.result.records.append(RequestRecord(index, "", prompt_tokens or 0, metrics))
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, json.JSONDecodeError) as exc:  # this request's failure only
             self._fail(f"{type(exc).__name__}: {exc}")
         finally:
             self.in_flight -= 1

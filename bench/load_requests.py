@@ -88,6 +88,22 @@ async def first_model(http: httpx.AsyncClient) -> str:
 
 
 async def events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    async for line in response.aiter_lines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            yield json.loads(line[6:])
+    """The stream's JSON events. Lines are split at ``\\n`` here (an SSE line ends there, or
+    at ``\\r``): httpx's ``aiter_lines`` also splits at U+2028, U+0085 and the rest of
+    ``str.splitlines``'s separators, which a real model's text holds unescaped in the JSON."""
+    pending = ""
+    async for text in response.aiter_text():
+        *lines, pending = (pending + text).split("\n")
+        for line in lines:
+            if (event := _event(line)) is not None:
+                yield event
+    if (event := _event(pending)) is not None:
+        yield event
+
+
+def _event(line: str) -> dict[str, Any] | None:
+    line = line.removesuffix("\r")
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        return None
+    event: dict[str, Any] = json.loads(line[6:])
+    return event
