@@ -4,18 +4,19 @@ Open loop (``rate``: Poisson arrivals at R requests/s, or ``trace``: a simulator
 arrival times and lengths, replayed on the wall clock) or closed loop (``concurrency``: C
 clients, each sending its next request when the last one ended). Prompts are token ids of the
 exact length asked for and ``ignore_eos`` holds the output to its length, so a run is the load
-it says it is. Every request streams; the client's own clock stamps the send, each chunk and
-the end, and the figures are the benchmark's (``bench.metrics``: TTFT, TPOT, e2e, throughput
-over the run's duration). The rate can change while it runs (``set_rate``; 0 pauses), which
-``servedeck up --demo-load`` uses.
+it says it is; or, with ``chat_prompts``, real conversations sent to ``/v1/chat/completions``
+(``bench.chat_prompts``; a trace then gives the arrival times only). What is sent and how a
+stream is read: ``bench.load_requests``. Every request streams; the client's own clock stamps
+the send, each chunk and the end, and the figures are the benchmark's (``bench.metrics``:
+TTFT, TPOT, e2e, throughput over the run's duration). The rate can change while it runs
+(``set_rate``; 0 pauses), which ``servedeck serve --demo-load`` uses. The command line:
+``bench.load_cli``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import os
 import random
 import sys
 import time
@@ -26,13 +27,21 @@ from typing import Any, TextIO
 
 import httpx
 
+from bench.chat_prompts import ChatPrompts
+from bench.load_requests import (
+    LoadRequest,
+    carries_token,
+    chat_request,
+    events,
+    first_model,
+    prompt_tokens_of,
+    token_request,
+)
 from bench.metrics import request_metrics
 from bench.runner import RequestRecord
 from engine.outputs import RequestMetrics
 from sim.trace import TraceRequest, Uniform, read_trace
 
-TOKEN_IDS = (10, 250)
-"""Prompt token ids are drawn from this range: inside every vocabulary we serve."""
 PAUSED_POLL_S = 0.2
 MAX_FAILURES_KEPT = 100
 DEFAULT_PROMPT_TOKENS = Uniform(32, 256)
@@ -54,6 +63,9 @@ class LoadConfig:
     timeout_s: float = 600.0
     keep_records: bool = True
     """False: count requests only (a load that runs for days keeps no per-request record)."""
+    chat_prompts: ChatPrompts | None = None
+    """Send these conversations (drawn with the seeded rng) instead of token-id prompts; the
+    lengths above are then unused."""
 
     def __post_init__(self) -> None:
         modes = [m for m in (self.rate, self.concurrency, self.trace) if m is not None]
@@ -107,7 +119,7 @@ class LoadGenerator:
         async with httpx.AsyncClient(
             base_url=config.url, headers=headers, timeout=config.timeout_s, limits=limits
         ) as http:
-            model = config.model or await _first_model(http)
+            model = config.model or await first_model(http)
             self.result.started = time.perf_counter()
             shown = asyncio.create_task(self._show())
             try:
@@ -175,41 +187,40 @@ class LoadGenerator:
 
     # -- one request -----------------------------------------------------------------------
 
+    def _outgoing(self, model: str, request: TraceRequest) -> LoadRequest:
+        chats = self.config.chat_prompts
+        if chats is None:
+            return token_request(model, request, self._rng)
+        return chat_request(model, chats.draw(self._rng), chats.temperature)
+
     async def _one(self, http: httpx.AsyncClient, model: str, request: TraceRequest) -> None:
-        body = {
-            "model": model,
-            "prompt": [self._rng.randint(*TOKEN_IDS) for _ in range(request.num_prefill_tokens)],
-            "max_tokens": request.num_decode_tokens,
-            "ignore_eos": True,
-            "temperature": 0.0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
+        outgoing = self._outgoing(model, request)
+        prompt_tokens = outgoing.prompt_tokens
         index = self.sent
         self.sent += 1
         self.in_flight += 1
         metrics = RequestMetrics(arrival_time=time.perf_counter())
         try:
-            async with http.stream("POST", "/v1/completions", json=body) as response:
+            async with http.stream("POST", outgoing.path, json=outgoing.body) as response:
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")
                     self._fail(f"{response.status_code}: {text[:200]}")
                     return
-                async for event in _events(response):
+                async for event in events(response):
                     if "error" in event:
                         self._fail(json.dumps(event)[:200])
                         return
-                    if event.get("choices"):  # one chunk a token (the usage chunk has none)
+                    if carries_token(event):
                         now = time.perf_counter()
                         if metrics.first_token_time is None:
                             metrics.first_token_time = now
                         metrics.token_times.append(now)
+                    elif prompt_tokens is None:
+                        prompt_tokens = prompt_tokens_of(event)
             metrics.finish_time = time.perf_counter()
             self.completed += 1
             if self.config.keep_records:
-                self.result.records.append(
-                    RequestRecord(index, "", request.num_prefill_tokens, metrics)
-                )
+                self.result.records.append(RequestRecord(index, "", prompt_tokens or 0, metrics))
         except httpx.HTTPError as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
         finally:
@@ -243,48 +254,6 @@ class LoadGenerator:
         out.flush()
 
 
-async def _first_model(http: httpx.AsyncClient) -> str:
-    response = await http.get("/v1/models")
-    response.raise_for_status()
-    return response.json()["data"][0]["id"]
-
-
-async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    async for line in response.aiter_lines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            yield json.loads(line[6:])
-
-
-SUMMARY_ROWS = (
-    ("completed", "requests completed", "{:.0f}"),
-    ("failed", "requests failed", "{:.0f}"),
-    ("duration_s", "duration (s)", "{:.1f}"),
-    ("request_throughput", "requests/s", "{:.2f}"),
-    ("output_throughput", "output tok/s", "{:.1f}"),
-    ("ttft_p50", "TTFT p50 (ms)", "ms"),
-    ("ttft_p90", "TTFT p90 (ms)", "ms"),
-    ("ttft_p99", "TTFT p99 (ms)", "ms"),
-    ("tpot_p50", "TPOT p50 (ms)", "ms"),
-    ("tpot_p99", "TPOT p99 (ms)", "ms"),
-    ("e2e_p50", "e2e p50 (ms)", "ms"),
-    ("e2e_p99", "e2e p99 (ms)", "ms"),
-)
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-    lines = []
-    for key, label, fmt in SUMMARY_ROWS:
-        value = summary.get(key)
-        if value is None:
-            text = "-"
-        elif fmt == "ms":
-            text = f"{value * 1000:.0f}"
-        else:
-            text = fmt.format(value)
-        lines.append(f"{label:<20} {text:>10}")
-    return "\n".join(lines)
-
-
 def run_load(config: LoadConfig, on_start: Callable[[LoadGenerator], None] | None = None):
     """Run a load to its end from synchronous code; returns the ``LoadResult``."""
 
@@ -295,58 +264,3 @@ def run_load(config: LoadConfig, on_start: Callable[[LoadGenerator], None] | Non
         return await generator.run()
 
     return asyncio.run(main())
-
-
-def _span(text: str) -> Uniform:
-    lo, _, hi = text.partition("-")
-    try:
-        span = Uniform(int(lo), int(hi or lo))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N or LO-HI, got {text!r}") from None
-    if not 1 <= span.lo <= span.hi:
-        raise argparse.ArgumentTypeError(f"expected 1 <= LO <= HI, got {text!r}")
-    return span
-
-
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("load", help="send OpenAI requests to a server and report latency")
-    p.add_argument("--url", default=os.environ.get("SERVEDECK_URL", LoadConfig.url))
-    p.add_argument("--api-key", default=os.environ.get("SERVEDECK_API_KEY"))
-    p.add_argument("--model", help="model id (default: the server's first)")
-    mode = p.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second")
-    mode.add_argument("--concurrency", type=int, help="closed loop: clients in parallel")
-    mode.add_argument("--trace", type=Path, help="open loop: replay a trace CSV (sim format)")
-    p.add_argument("--duration", type=float, default=60.0, help="seconds of sending (rate, C)")
-    p.add_argument("--prompt-tokens", type=_span, default=DEFAULT_PROMPT_TOKENS)
-    p.add_argument("--output-tokens", type=_span, default=DEFAULT_OUTPUT_TOKENS)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, help="also write the summary here")
-    p.set_defaults(func=cmd_load)
-
-
-def cmd_load(args: argparse.Namespace) -> int:
-    config = LoadConfig(
-        url=args.url,
-        api_key=args.api_key,
-        model=args.model,
-        rate=args.rate,
-        concurrency=args.concurrency,
-        trace=args.trace,
-        duration_s=None if args.trace is not None else args.duration,
-        prompt_tokens=args.prompt_tokens,
-        output_tokens=args.output_tokens,
-        seed=args.seed,
-    )
-    try:
-        result = run_load(config)
-    except httpx.HTTPError as exc:
-        print(f"servedeck load: {config.url}: {exc}", file=sys.stderr)
-        return 1
-    summary = result.summary()
-    print(format_summary(summary))
-    for failure in result.failures[:5]:
-        print(f"failed: {failure}", file=sys.stderr)
-    if args.json is not None:
-        args.json.write_text(json.dumps(summary, indent=1) + "\n")
-    return 1 if result.failed and not result.records else 0

@@ -154,6 +154,7 @@ SERVER_LIMITS = (
     "max_stop_strings",
     "max_stop_length",
     "max_schedules",
+    "max_batch_prompts",
     "max_request_tokens",
     "max_logprob_entries",
     "chat_template_timeout_s",
@@ -321,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_simulate_parser(sub)
 
-    from bench.load import add_parser as add_load_parser
+    from bench.load_cli import add_parser as add_load_parser
 
     add_load_parser(sub)
 

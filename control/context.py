@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 
 from control.compose import build_runtime
 from control.core.config import Settings
-from control.jobs.demo_load import DemoLoad
+from control.jobs.demo_load import DemoLoad, demo_prompts
 from control.metrics import ControlMetrics
 from control.runtime import Runtime
 from control.schemas.health import NotReady
@@ -48,8 +48,14 @@ class AppContext:
         if (rate := self.settings.demo_load) is not None:
             key = self.settings.api_key
             api_key = key.get_secret_value() if key is not None else None
-            self.demo_load = DemoLoad(self.settings.local_url(), api_key, rate).start()
-            log.info("sending a demo load of %g requests/s to itself", rate)
+            prompts = demo_prompts(self.runtime.service.front)
+            url = self.settings.local_url()
+            self.demo_load = DemoLoad(url, api_key, rate, prompts).start()
+            log.info(
+                "sending a demo load of %g requests/s to itself (%s)",
+                rate,
+                "chat prompts" if prompts is not None else "token-id prompts",
+            )
 
     def not_ready(self) -> NotReady | None:
         """Why the server should get no new traffic now; None when it is ready."""

@@ -83,7 +83,11 @@ def create_app(
         app.include_router(testing.router)
     errors.install(app)
     openapi.document_limits(
-        app, settings.max_stop_strings, settings.max_stop_length, lambda: _vocab_size(app)
+        app,
+        settings.max_stop_strings,
+        settings.max_stop_length,
+        settings.max_batch_prompts,
+        lambda: _vocab_size(app),
     )
     admin_policy.document_policy_caps(app, lambda: _engine_limits(app))
     app.add_middleware(

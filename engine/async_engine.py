@@ -2,7 +2,7 @@
 handlers on asyncio event loops read their outputs as async iterators.
 
 The thread steps while there is work (requests or commands) and otherwise sleeps on
-``engine.wakeup``, which ``add_request`` and every command set. Each step's outputs are handed
+``engine.wakeup``, which ``add_requests`` and every command set. Each step's outputs are handed
 to the waiting streams with ``loop.call_soon_threadsafe``. A stream whose consumer goes away
 (cancelled while waiting, or closed before the end) aborts its request, which frees its KV
 blocks at the next step boundary. A request whose own row failed (``finish_reason="error"``)
@@ -22,13 +22,13 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 from engine import faults
 from engine.engine import LLMEngine
 from engine.errors import EngineStepError, EngineStopped, RequestFailed, RequestRejected
-from engine.front import Prompt
+from engine.front import Prompt, QueuedPrompt, request_ids
 from engine.loop_health import LoopHealth
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -55,7 +55,7 @@ class RequestStream:
         return self
 
     async def admitted(self) -> None:
-        """At once: ``add_request`` admitted it (its refusals raised there)."""
+        """At once: ``add_requests`` admitted it (its refusals raised there)."""
 
     async def __anext__(self) -> RequestOutput:
         if self._done:
@@ -153,27 +153,38 @@ class AsyncEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
     ) -> RequestStream:
-        """Queue a request (raises ``RequestRejected`` / ``QueueFull`` at once) and return
-        its stream. Call from a running event loop: outputs are delivered to that loop."""
+        """Queue a request and return its stream: the batch of one (``add_requests``)."""
+        token_ids = self.engine.front.tokenize(prompt)
+        queued = QueuedPrompt(token_ids, params or SamplingParams(), request_id or uuid.uuid4().hex)
+        return self.add_requests([queued])[0]
+
+    def add_requests(self, batch: Sequence[QueuedPrompt]) -> list[RequestStream]:
+        """Queue a batch whole or not at all (``LLMEngine.add_requests``: ``RequestRejected``
+        / ``QueueFull`` at once) and return one stream per prompt, in order. Every stream is
+        registered before the engine can produce an output, and all are dropped again on a
+        refusal. Call from a running event loop: outputs are delivered to that loop."""
         if not self.is_running:
             raise EngineStopped("the engine is not running")
         if self._cut_off is not None:
             raise EngineStopped(self._cut_off)
-        request_id = request_id or uuid.uuid4().hex
-        stream = RequestStream(request_id, self, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        streams = [RequestStream(rid, self, loop) for rid in request_ids(batch)]
         with self._lock:
-            if request_id in self._streams:
-                stream._done = True
-                raise RequestRejected(f"request id {request_id!r} is already in use", "request_id")
-            self._streams[request_id] = stream  # before the engine can produce its outputs
+            taken = next((s.request_id for s in streams if s.request_id in self._streams), None)
+            if taken is not None:
+                _close(streams)
+                raise RequestRejected(f"request id {taken!r} is already in use", "request_id")
+            for stream in streams:  # before the engine can produce their outputs
+                self._streams[stream.request_id] = stream
         try:
-            self.engine.add_request(prompt, params, request_id)
+            self.engine.add_requests(batch)
         except BaseException:
             with self._lock:
-                self._streams.pop(request_id, None)
-            stream._done = True
+                for stream in streams:
+                    self._streams.pop(stream.request_id, None)
+            _close(streams)
             raise
-        return stream
+        return streams
 
     def leak(self, request_id: str, timeout: float = 30.0) -> bool:
         """Test only (engine.faults): drop a request but keep its blocks (what the reclaim
@@ -275,6 +286,12 @@ class AsyncEngine:
         for loop, items in deliveries.items():
             _deliver_to(loop, items)
         return len(streams)
+
+
+def _close(streams: list[RequestStream]) -> None:
+    """Streams of a refused batch: ended, nothing to abort (none was queued)."""
+    for stream in streams:
+        stream._done = True
 
 
 Delivery = tuple[RequestStream, RequestOutput | BaseException]

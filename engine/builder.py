@@ -92,8 +92,6 @@ def load_bundle(
     device = torch.device(config.device)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    if config.retain_freed_host_memory and device.type == "cpu":
-        retain_freed_memory()
     dtype = getattr(torch, config.dtype)
     parallel = None
     if shard is None and config.tensor_parallel_size > 1:
@@ -109,6 +107,10 @@ def load_bundle(
             parallel.close()
         raise
     bundle.parallel = parallel
+    if config.retain_freed_host_memory and device.type == "cpu":
+        # After the load: with freed blocks kept, the load's transients (each tensor's bytes,
+        # a GGUF tensor dequantized) would stay resident beside the weights allocated before.
+        retain_freed_memory()
     return bundle
 
 

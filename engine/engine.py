@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections import deque
+from collections import abc, deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -25,7 +25,7 @@ from engine.commands import CommandQueue
 from engine.config import EngineConfig, EngineLimits, config_options
 from engine.errors import QueueFull, RequestRejected
 from engine.families import Families, child_seed
-from engine.front import EngineFront, Prompt
+from engine.front import EngineFront, Prompt, QueuedPrompt, request_ids
 from engine.kv_cache import BlockManager
 from engine.kv_stats import KVIntegrity, KVStats, ReclaimResult
 from engine.kv_step import StepChanges
@@ -117,21 +117,37 @@ class LLMEngine:
         request_id: str | None = None,
         arrival_time: float | None = None,
     ) -> str:
-        """Validate and queue a request (thread-safe); it joins the policy at the next step."""
-        params = params or SamplingParams()
+        """Validate and queue a request (thread-safe): the batch of one (``add_requests``)."""
         token_ids = self.front.tokenize(prompt)
-        self.front.check_request(token_ids, params)
-        if self.num_waiting >= self.config.max_waiting:
-            raise QueueFull(f"waiting queue is full (max_waiting={self.config.max_waiting})")
-        request_id = request_id or uuid.uuid4().hex
+        queued = QueuedPrompt(token_ids, params or SamplingParams(), request_id or uuid.uuid4().hex)
+        return self.add_requests([queued], arrival_time)[0]
+
+    def add_requests(
+        self, batch: abc.Sequence[QueuedPrompt], arrival_time: float | None = None
+    ) -> list[str]:
+        """Validate and queue a batch whole or not at all (thread-safe); its ids, in order.
+        Every prompt is checked first (``RequestRejected`` names the one refused); the room in
+        the waiting queue for all of them and their ids are checked under the inbox lock, where
+        they are appended, so a ``QueueFull`` queues none and two batches never overfill it.
+        They join the policy at the next step."""
+        self.front.check_batch(batch)
+        ids = request_ids(batch)
         arrival = self.clock() if arrival_time is None else arrival_time
-        seq = self._new_sequence(request_id, token_ids, params, arrival)
+        seqs = [self._new_sequence(q.request_id, q.token_ids, q.params, arrival) for q in batch]
+        max_waiting = self.config.max_waiting
         with self._inbox_lock:
-            if request_id in self._sequences or any(s.seq_id == request_id for s in self._inbox):
-                raise RequestRejected(f"request id {request_id!r} is already in use", "request_id")
-            self._inbox.append(seq)
+            room = max_waiting - self.num_waiting
+            if len(seqs) > room:
+                raise QueueFull(_no_room(len(seqs), room, max_waiting))
+            queued = {seq.seq_id for seq in self._inbox}
+            for request_id in ids:
+                if request_id in self._sequences or request_id in queued:
+                    raise RequestRejected(
+                        f"request id {request_id!r} is already in use", "request_id"
+                    )
+            self._inbox.extend(seqs)
         self.wakeup.set()
-        return request_id
+        return ids
 
     def _new_sequence(
         self,
@@ -394,3 +410,12 @@ class LLMEngine:
     def _device(self) -> torch.device:
         device = getattr(self.runner, "device", None)
         return device if isinstance(device, torch.device) else torch.device("cpu")
+
+
+def _no_room(asked: int, room: int, max_waiting: int) -> str:
+    if asked == 1:
+        return f"waiting queue is full (max_waiting={max_waiting})"
+    return (
+        f"waiting queue has room for {max(room, 0)} of this batch's {asked} prompts "
+        f"(max_waiting={max_waiting}); none was queued"
+    )

@@ -13,6 +13,13 @@ class RequestRejected(ValueError):
         super().__init__(message)
         self.param = param
 
+    def in_batch(self, index: int, size: int) -> RequestRejected:
+        """The same refusal for prompt ``index`` of a batch of ``size``: the whole batch is
+        refused, and the message says which prompt (a batch of one reads as a request)."""
+        if size == 1:
+            return self
+        return RequestRejected(f"{self} (prompt {index} of the {size} in the batch)", self.param)
+
 
 class QueueFull(RuntimeError):
     """The bounded waiting queue is full; the client should retry later."""

@@ -15,6 +15,8 @@ weights' generator).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,6 +35,26 @@ if TYPE_CHECKING:
     from engine.builder import RandomWeights
 
 Prompt = str | list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedPrompt:
+    """One prompt as the engine queues it: its token ids, its params and its own request id.
+    A batch (``LLMEngine.add_requests``, ``EngineService.add_requests``) is a sequence of them:
+    each prompt is a request of its own, and the batch is admitted whole or not at all."""
+
+    token_ids: list[int]
+    params: SamplingParams
+    request_id: str
+
+
+def request_ids(batch: Sequence[QueuedPrompt]) -> list[str]:
+    """The batch's request ids; ``RequestRejected`` when one repeats (each names a stream)."""
+    ids = [prompt.request_id for prompt in batch]
+    if len(set(ids)) != len(ids):
+        repeated = next(rid for rid in ids if ids.count(rid) > 1)
+        raise RequestRejected(f"request id {repeated!r} is given twice in one batch", "request_id")
+    return ids
 
 
 class EngineFront:
@@ -91,6 +113,15 @@ class EngineFront:
     def check_request(self, token_ids: list[int], params: SamplingParams) -> None:
         """Raise ``RequestRejected`` (naming the field) for a request that can never be served."""
         check_request(token_ids, params, self.limits, self.config.memory_reserve, self.vocab_size)
+
+    def check_batch(self, batch: Sequence[QueuedPrompt]) -> None:
+        """``check_request`` for every prompt: one that can never be served refuses the whole
+        batch, naming which prompt it is."""
+        for index, prompt in enumerate(batch):
+            try:
+                self.check_request(prompt.token_ids, prompt.params)
+            except RequestRejected as exc:
+                raise exc.in_batch(index, len(batch)) from None
 
 
 def load_tokenizer(path: Path) -> Tokenizer | None:

@@ -62,23 +62,23 @@ class Render:
     def _logprobs(self, entries: Iterable[TokenLogprob]) -> ChatLogprobs | None:
         return chat_logprobs(entries, self.texts, self.top) if self.want_logprobs else None
 
-    def final(self, output: RequestOutput) -> ChatChoice:
+    def final(self, output: RequestOutput, index: int) -> ChatChoice:
         return ChatChoice(
-            index=output.index,
+            index=index,
             message=ChatCompletionMessage(content=output.text),
             logprobs=self._logprobs(output.logprobs or []),
             finish_reason=output.finish_reason,
             stop_reason=output.stop_reason,
         )
 
-    def chunk(self, output: RequestOutput) -> ChatChunkChoice | None:
+    def chunk(self, output: RequestOutput, index: int) -> ChatChunkChoice | None:
         """The choice's next chunk, or None while it has no text to send yet."""
-        pending = self._pending.setdefault(output.index, [])
+        pending = self._pending.setdefault(index, [])
         pending.extend(output.new_logprobs or [])
         if not (output.text_delta or output.finished):
             return None
         choice = ChatChunkChoice(
-            index=output.index,
+            index=index,
             delta=ChatDelta(content=output.text_delta),
             logprobs=self._logprobs(pending),
             finish_reason=output.finish_reason,

@@ -3,14 +3,18 @@ list), the engine's sampling params, and the answer: whole once every choice is 
 that hangs up first aborts the request), or as server-sent events (each choice's chunks, the
 usage chunk, an error event, ``[DONE]``), with the usage counted once.
 
-Each route keeps what differs: its body, its prompt and its choices (a ``ChoiceRender``).
+An answer is over one or more prompts (``PromptStream``: a batch's prompts are requests of
+their own), each with its ``n`` choices, numbered from its ``offset``; one prompt is the batch
+of one. Each route keeps what differs: its body, its prompts and its choices (a
+``ChoiceRender``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -21,6 +25,7 @@ from pydantic import BaseModel
 from control.api.errors import ApiError, public_errors
 from control.api.limits import check_stop_list
 from control.api.middleware import CLIENT_GONE
+from control.api.prompt_streams import Choice, Finals, PromptStream, admitted, finals, merged, usage
 from control.core.config import Settings
 from control.runtime import Runtime
 from control.schemas.completions import StreamOptions, Usage
@@ -33,7 +38,6 @@ from engine.sampling_params import SamplingParams
 DISCONNECT_POLL_S = 0.25
 """How often a client waiting for a whole answer is checked for having hung up."""
 T = TypeVar("T")
-Choice = TypeVar("Choice", bound=BaseModel)
 
 
 def check_model(model: str | None, served: str) -> None:
@@ -58,6 +62,7 @@ class StreamUsage:
     final: bool
     continuous: bool
     prompt_tokens: int
+    """The prompt's tokens, for the chunks sent before any output (chat's roles)."""
 
     @classmethod
     def of(cls, options: StreamOptions | None, prompt_tokens: int) -> StreamUsage:
@@ -65,16 +70,15 @@ class StreamUsage:
         continuous = final and options is not None and options.continuous_usage_stats
         return cls(final, continuous, prompt_tokens)
 
-    def so_far(self, completion_tokens: int) -> Usage | None:
-        """A chunk's usage: None unless continuous."""
+    def so_far(self, output: RequestOutput | None = None) -> Usage | None:
+        """A chunk's usage: None unless continuous; else its choice's (``output``'s: its own
+        prompt's tokens and cached tokens), or before any output the prompt's alone."""
         if not self.continuous:
             return None
-        total = self.prompt_tokens + completion_tokens
-        return Usage(
-            prompt_tokens=self.prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=total,
-        )
+        if output is None:
+            return Usage.of(self.prompt_tokens, 0, None)
+        cached = output.metrics.num_cached_tokens
+        return Usage.of(len(output.prompt_token_ids), len(output.token_ids), cached)
 
 
 async def unless_gone(work: Awaitable[T], request: Request) -> T:
@@ -91,43 +95,17 @@ async def unless_gone(work: Awaitable[T], request: Request) -> T:
         task.cancel()  # cancelling the stream's reader aborts the request
 
 
-async def finals(stream: EngineStream) -> dict[int, RequestOutput]:
-    """The last output of each of the request's sequences, by choice index."""
-    last: dict[int, RequestOutput] = {}
-    async for output in stream:
-        last[output.index] = output
-    return last
-
-
-async def whole_answer(stream: EngineStream, request: Request) -> dict[int, RequestOutput]:
+async def whole_answer(streams: Sequence[EngineStream], request: Request) -> Finals:
     """``finals`` of a request answered at once, unless the client hangs up first."""
     try:
-        return await unless_gone(finals(stream), request)
+        return await unless_gone(finals(streams), request)
     finally:
-        await stream.aclose()
-
-
-def usage(outputs: Iterable[RequestOutput]) -> Usage:
-    """The prompt once, every choice's tokens."""
-    outputs = list(outputs)
-    prompt = len(outputs[0].prompt_token_ids)
-    completion = sum(len(output.token_ids) for output in outputs)
-    return Usage(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
-    )
+        for stream in streams:
+            await stream.aclose()
 
 
 def sse(body: BaseModel) -> str:
     return f"data: {body.model_dump_json()}\n\n"
-
-
-class ChoiceRender(Protocol[Choice]):
-    """A route's choices: a sequence's whole choice from its last output, or chunk by chunk
-    (the next chunk of an output's choice, or None)."""
-
-    def final(self, output: RequestOutput) -> Any: ...
-
-    def chunk(self, output: RequestOutput) -> Choice | None: ...
 
 
 class Generating(Protocol):
@@ -211,32 +189,36 @@ class Answers:
         body: Generating,
         request_id: str,
         runtime: Runtime,
-        stream: EngineStream,
-        render: ChoiceRender[Choice],
+        prompts: Sequence[PromptStream[Choice]],
         request: Request,
         prompt_tokens: int,
         first: Iterable[list[Choice]] = (),
     ) -> BaseModel | StreamingResponse:
-        """The whole answer once every choice is done, or its event stream (see ``events``).
+        """The whole answer once every choice of every prompt is done, or its event stream
+        (see ``events``).
 
         Every refusal was raised before this: it answers with a JSON error, never with an
         event stream. The stream starts at once (clients see the queue time as time to first
         token); a failure from then on ends it with an error event."""
         created, model = int(time.time()), runtime.model_name
-        await stream.admitted()  # a replica's refusal (429) before any byte of the answer
+        await admitted(prompts)  # a replica's refusal (429) before any byte of the answer
         if not body.stream:
-            last = await whole_answer(stream, request)
+            last = await whole_answer([p.stream for p in prompts], request)
+            choices = {prompts[i].offset + j: (prompts[i], out) for (i, j), out in last.items()}
             return self.whole(
                 id=request_id,
                 created=created,
                 model=model,
-                choices=[render.final(last[i]) for i in sorted(last)],
-                usage=usage(last.values()),
+                choices=[
+                    part.render.final(output, index)
+                    for index, (part, output) in sorted(choices.items(), key=lambda c: c[0])
+                ],
+                usage=usage(last),
             )
         chunk = Chunker[Choice](self.chunk, request_id, created, model)
         report = StreamUsage.of(body.stream_options, prompt_tokens)
         on_failure = runtime.metrics.count_failed
-        return event_stream(events(stream, chunk, render, report, on_failure, first))
+        return event_stream(events(prompts, chunk, report, on_failure, first))
 
 
 class Chunker(Generic[Choice]):
@@ -260,34 +242,36 @@ class Chunker(Generic[Choice]):
 
 
 async def events(
-    stream: EngineStream,
+    prompts: Sequence[PromptStream[Choice]],
     chunk: Chunker[Choice],
-    render: ChoiceRender[Choice],
     report: StreamUsage,
     on_failure: Callable[[], None],
     first: Iterable[list[Choice]] = (),
 ) -> AsyncIterator[str]:
     """The stream's events: the ``first`` chunks (at once: clients time the first token from
-    the first chunk), each choice's chunks as they come, the usage if asked (see
-    ``StreamUsage``), ``[DONE]``. An
-    engine failure ends it with an error event; a client that goes away aborts the request."""
-    last: dict[int, RequestOutput] = {}
+    the first chunk), each choice's chunks as they come (a batch's prompts interleaved), the
+    usage if asked (see ``StreamUsage``), ``[DONE]``. An engine failure ends it with an error
+    event; a client that goes away aborts the requests."""
+    last: Finals = {}
     try:
         for choices in first:
-            yield chunk(choices, report.so_far(0))
-        async for output in stream:
-            last[output.index] = output
-            choice = render.chunk(output)
-            if choice is not None:
-                yield chunk([choice], report.so_far(len(output.token_ids)))
+            yield chunk(choices, report.so_far())
+        async with aclosing(merged([part.stream for part in prompts])) as outputs:
+            async for prompt, output in outputs:  # closed with this stream, even at a yield
+                last[prompt, output.index] = output
+                part = prompts[prompt]
+                choice = part.render.chunk(output, part.offset + output.index)
+                if choice is not None:
+                    yield chunk([choice], report.so_far(output))
         if report.final and last:
-            yield chunk([], usage(last.values()))
+            yield chunk([], usage(last))
     except (EngineStepError, EngineStopped) as exc:
         on_failure()
         code = "engine_stopped" if isinstance(exc, EngineStopped) else "engine_error"
         yield sse(ErrorResponse(error=ErrorInfo(message=str(exc), type="server_error", code=code)))
     finally:
-        await stream.aclose()
+        for part in prompts:
+            await part.stream.aclose()
     yield "data: [DONE]\n\n"
 
 

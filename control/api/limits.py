@@ -1,8 +1,9 @@
 """Limits a completion request meets before it reaches the engine, each cheap and each a 400
-naming the field: the size of the stop list, a text prompt that cannot fit in
-``max_model_len`` whatever it tokenizes to (the engine's own check, ``EngineFront.tokenize``), run
-with the tokenization off the event loop, and the request's whole cost (``RequestCost``: its
-tokens and its logprob entries, summed over its prompts and choices).
+naming the field: the size of the stop list, the number of prompts in a batch, a text prompt
+that cannot fit in ``max_model_len`` whatever it tokenizes to (the engine's own check,
+``EngineFront.tokenize``), run with the tokenization off the event loop, and the request's
+whole cost (``RequestCost``: its tokens and its logprob entries, summed over its prompts and
+choices).
 
 The engine repeats its own checks on the token ids (``max_model_len``, the KV pool,
 ``max_tokens``): these only refuse early what it would refuse anyway, without the cost.
@@ -17,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from control.api.errors import ApiError
 from engine.errors import RequestRejected
-from engine.front import EngineFront
+from engine.front import EngineFront, Prompt
 
 REQUEST_TOO_LARGE = "request_too_large"
 """``error.code`` of a request past ``max_request_tokens`` or ``max_logprob_entries``."""
@@ -37,12 +38,34 @@ def check_stop_list(stops: list[str], max_strings: int, max_length: int) -> None
         )
 
 
-async def prompt_token_ids(prompt: str | list[int], front: EngineFront) -> list[int]:
-    """Token ids for ``engine.add_request``: a text prompt is measured (400 when it cannot fit)
-    and tokenized by the engine on a worker thread, so no request stalls the others."""
-    if not isinstance(prompt, str):
-        return prompt
-    return await run_in_threadpool(front.tokenize, prompt)
+def check_batch_size(prompts: int, max_prompts: int) -> None:
+    """A batch's prompts are each a request: bound how many one body may queue (before any is
+    tokenized). Its tokens and logprob entries are bounded whole by ``check_request_cost``."""
+    if prompts > max_prompts:
+        raise RequestRejected(
+            f"prompt is a batch of {prompts} prompts; at most {max_prompts} are allowed "
+            "(max_batch_prompts)",
+            "prompt",
+        )
+
+
+async def prompt_token_ids(prompts: Sequence[Prompt], front: EngineFront) -> list[list[int]]:
+    """Token ids of each prompt for ``EngineService.add_requests``: text is measured (400 when
+    it cannot fit, naming which prompt of a batch) and tokenized by the engine on a worker
+    thread, so no request stalls the others."""
+    if not any(isinstance(prompt, str) for prompt in prompts):
+        return [list(prompt) for prompt in prompts]
+    return await run_in_threadpool(_tokenize, prompts, front)
+
+
+def _tokenize(prompts: Sequence[Prompt], front: EngineFront) -> list[list[int]]:
+    token_ids = []
+    for index, prompt in enumerate(prompts):
+        try:
+            token_ids.append(front.tokenize(prompt))
+        except RequestRejected as exc:
+            raise exc.in_batch(index, len(prompts)) from None
+    return token_ids
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
 """``/openapi.json`` says what the server's validation does, including the limits that come
-from its settings and its model: the stop list's bounds, and the token ids the model has.
+from its settings and its model: the stop list's bounds, a batch's size, and the token ids
+the model has.
 
 FastAPI builds the schema from the static models once and caches it; this writes the
 server's own figures into that cached copy. While the model loads, the vocabulary is not known
@@ -31,11 +32,22 @@ def document_stop_limits(schema: dict[str, Any], max_strings: int, max_length: i
 
 
 def document_vocab_size(schema: dict[str, Any], vocab_size: int) -> None:
-    """``maximum`` of the token ids in ``CompletionRequest.prompt`` (the engine refuses an id
-    outside the vocabulary), in place."""
+    """``maximum`` of the token ids in ``CompletionRequest.prompt``, one prompt's or a batch's
+    (the engine refuses an id outside the vocabulary), in place."""
     for branch in _completion_request(schema)["prompt"]["anyOf"]:
-        if branch.get("type") == "array":
-            branch["items"]["maximum"] = vocab_size - 1
+        items = branch.get("items", {})
+        if items.get("type") == "array":
+            items = items["items"]
+        if items.get("type") == "integer":
+            items["maximum"] = vocab_size - 1
+
+
+def document_batch_size(schema: dict[str, Any], max_prompts: int) -> None:
+    """``maxItems`` of a batch of prompts in ``CompletionRequest.prompt`` (what
+    ``check_batch_size`` enforces), in place: the lists of texts and of token-id lists."""
+    for branch in _completion_request(schema)["prompt"]["anyOf"]:
+        if branch.get("items", {}).get("type") in ("string", "array"):
+            branch["maxItems"] = max_prompts
 
 
 def _completion_request(schema: dict[str, Any]) -> dict[str, Any]:
@@ -43,10 +55,14 @@ def _completion_request(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def document_limits(
-    app: FastAPI, max_strings: int, max_length: int, vocab_size: Callable[[], int | None]
+    app: FastAPI,
+    max_strings: int,
+    max_length: int,
+    max_prompts: int,
+    vocab_size: Callable[[], int | None],
 ) -> None:
-    """Make ``app.openapi()`` carry the stop-list bounds and, once ``vocab_size()`` knows it,
-    the vocabulary size."""
+    """Make ``app.openapi()`` carry the stop-list bounds, the batch's and, once
+    ``vocab_size()`` knows it, the vocabulary size."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -54,6 +70,7 @@ def document_limits(
             return app.openapi_schema
         schema = generate()  # FastAPI caches it in app.openapi_schema
         document_stop_limits(schema, max_strings, max_length)
+        document_batch_size(schema, max_prompts)
         vocab = vocab_size()
         if vocab is not None:
             document_vocab_size(schema, vocab)

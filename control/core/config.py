@@ -97,6 +97,12 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
     max_schedules: int = Field(
         DEFAULT_MAX_SCHEDULES, ge=1, description="Live schedules at most (more: 422)."
     )
+    max_batch_prompts: int = Field(
+        256,
+        ge=1,
+        description="Prompts one /v1/completions request may batch (each is a request of its "
+        "own, admitted with the others or refused with them); more get 400.",
+    )
     max_request_tokens: int = Field(
         32_768,
         ge=1,

@@ -1,12 +1,13 @@
 """The deployment handle: how the fleet queues a request (imports ray).
 
-``FleetEngine`` is how ``Fleet`` (the fleet's ``EngineService``) queues a request: the routes
-call ``add_request`` and read an async stream of ``RequestOutput``. Admission is checked here
-first (by the control plane's tokenizer-only front of the same config: tokenizer, limits), so a
-refusal is still a 400 before any stream starts. The stream asks every replica for its cached
-prefix of the prompt (when prefix caching is on), then calls ``generate`` through the handle, whose
-``FleetRouter`` picks the replica. A replica that dies mid-request ends the stream with
-``EngineStopped`` naming it, never a hang; the others keep serving.
+``FleetEngine`` is how ``Fleet`` (the fleet's ``EngineService``) queues requests: the routes
+call ``add_requests`` and read an async stream of ``RequestOutput`` per prompt. Admission is
+checked here first (by the control plane's tokenizer-only front of the same config: tokenizer,
+limits), so a refusal is still a 400 before any stream starts; a batch's prompts are then
+admitted by their replicas together (``BatchAdmission``). Each stream asks every replica for
+its cached prefix of the prompt (when prefix caching is on), then calls ``generate`` through
+the handle, whose ``FleetRouter`` picks the replica. A replica that dies mid-request ends the
+stream with ``EngineStopped`` naming it, never a hang; the others keep serving.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ray import exceptions as ray_exceptions
@@ -27,7 +28,7 @@ from control.fleet.registry import router_of
 from control.fleet.router import TARGET, ReplicaGone
 from control.fleet.score import RouteHint
 from engine.errors import EngineStepError, EngineStopped, QueueFull, RequestRejected
-from engine.front import EngineFront
+from engine.front import EngineFront, QueuedPrompt, request_ids
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -64,13 +65,16 @@ class FleetEngine:
         self._stopped: str | None = None
         """Set by ``cut_off_all`` or ``close``: why a new request is refused."""
 
-    def add_request(
-        self, token_ids: list[int], params: SamplingParams, request_id: str
-    ) -> FleetStream:
+    def add_requests(self, batch: Sequence[QueuedPrompt]) -> list[FleetStream]:
+        """One stream per prompt, admitted together (``BatchAdmission``); every prompt is
+        checked here first, so a refusal is still a 400 for the whole batch."""
         if self._stopped is not None:
             raise EngineStopped(self._stopped)
-        self.front.check_request(token_ids, params)  # RequestRejected now, as a 400
-        return FleetStream(self, list(token_ids), params, request_id)
+        self.front.check_batch(batch)  # RequestRejected now, as a 400
+        request_ids(batch)
+        streams = [FleetStream(self, list(q.token_ids), q.params, q.request_id) for q in batch]
+        BatchAdmission(streams)
+        return streams
 
     @property
     def is_running(self) -> bool:
@@ -168,6 +172,35 @@ class FleetEngine:
         return RouteHint(prompt_blocks=len(blocks), hits=hits, blocks=blocks)
 
 
+class BatchAdmission:
+    """A batch's streams are admitted together: the first ``admitted()`` of any of them routes
+    every prompt at once (each on its own: a batch may spread over the replicas) and waits for
+    every replica's acknowledgement. One refusal (a replica's full queue) closes the others,
+    whose replicas abort what they took, and every stream's ``admitted()`` raises it: the
+    batch is refused whole, as one engine refuses it."""
+
+    def __init__(self, streams: list[FleetStream]) -> None:
+        self.streams = streams
+        for stream in streams:
+            stream.admission = self
+        self._admitting: asyncio.Future[None] | None = None
+
+    async def admitted(self) -> None:
+        if self._admitting is None:
+            self._admitting = asyncio.ensure_future(self._admit())
+        await self._admitting
+
+    async def _admit(self) -> None:
+        results = await asyncio.gather(
+            *(stream.start() for stream in self.streams), return_exceptions=True
+        )
+        refusal = next((r for r in results if isinstance(r, BaseException)), None)
+        if refusal is not None:
+            for stream in self.streams:
+                await stream.aclose()
+            raise refusal
+
+
 class FleetStream:
     """One request's outputs from whichever replica the router chose."""
 
@@ -176,6 +209,8 @@ class FleetStream:
     ) -> None:
         self.fleet = fleet
         self.request_id = request_id
+        self.admission = BatchAdmission([self])
+        """Its batch's (a batch of one until ``BatchAdmission`` joins it to the others)."""
         self._args = (token_ids, params, request_id)
         self._gen: DeploymentResponseGenerator | None = None
         self._done = False
@@ -186,12 +221,14 @@ class FleetStream:
         return self
 
     async def admitted(self) -> None:
-        await self.start()
+        """The batch's admission (``BatchAdmission``): ``QueueFull`` or ``RequestRejected``
+        raise here, so a route that awaits this before answering refuses with an HTTP error,
+        not with an error event."""
+        await self.admission.admitted()
 
     async def start(self) -> None:
         """Route the request and wait until its replica's engine admitted it (the replica's
-        first item): ``QueueFull`` or ``RequestRejected`` raise here, so a route that awaits
-        this before answering refuses with an HTTP error, not with an error event."""
+        first item)."""
         if self._gen is not None or self._done:
             return
         try:
@@ -204,7 +241,8 @@ class FleetStream:
             raise _public(exc, self.fleet.lost_note) from None
 
     async def __anext__(self) -> RequestOutput:
-        await self.start()
+        if not self._done:
+            await self.admitted()
         if self._done or self._gen is None:
             raise StopAsyncIteration
         try:

@@ -36,7 +36,7 @@ from control.metrics import ControlMetrics
 from control.policy.schemas import PolicySettings
 from control.service.protocol import EngineService, PeriodicJob, ReplicaControl
 from engine.config import EngineConfig
-from engine.front import EngineFront
+from engine.front import EngineFront, QueuedPrompt
 from engine.kv_stats import KVIntegrity, ReclaimResult
 from engine.loop_health import LoopHealth
 from engine.outputs import RequestOutput
@@ -177,7 +177,10 @@ class Fleet(EngineService, ReplicaControl):
     def add_request(
         self, token_ids: list[int], params: SamplingParams, request_id: str
     ) -> FleetStream:
-        return self.engine.add_request(token_ids, params, request_id)
+        return self.add_requests([QueuedPrompt(token_ids, params, request_id)])[0]
+
+    def add_requests(self, batch: Sequence[QueuedPrompt]) -> list[FleetStream]:
+        return self.engine.add_requests(batch)
 
     def in_flight(self) -> bool:
         router = self.router()

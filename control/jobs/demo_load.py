@@ -1,7 +1,14 @@
 """The demo load a server sends itself (``--demo-load R``, which ``make run`` passes): the load
 generator (``bench.load``) at a gentle Poisson rate against the server's own ``/v1``, so a
 newcomer sees batching happen in the console within seconds. Off unless asked for, so a
-production server never generates traffic. It runs on its own thread and event loop; the
+production server never generates traffic.
+
+What it sends is decided once, at start (``demo_prompts``): real chat requests (the shipped
+``bench/demo_prompts.json``: varied short questions, a third behind one long shared system
+prompt, so the console shows prefix-cached blocks) where the served model has a chat template,
+which the embedded SmolLM2-135M-Instruct has; otherwise token-id prompts to
+``/v1/completions``, which every model takes (one log line says why), since a chat request
+to a model without a template is a 400. It runs on its own thread and event loop; the
 console pauses and resumes it over HTTP (``PUT /admin/demo-load``, rate 0 pauses).
 """
 
@@ -10,9 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from pathlib import Path
 
+from bench.chat_prompts import ChatPrompts
 from bench.load import LoadConfig, LoadGenerator
+from control.chat.template import find_template
 from control.schemas.demo_load import DemoLoadView
+from engine.front import EngineFront
 from sim.trace import Uniform
 
 log = logging.getLogger(__name__)
@@ -22,8 +33,24 @@ DEMO_OUTPUT_TOKENS = Uniform(32, 128)
 STOP_TIMEOUT_S = 5.0
 
 
+def demo_prompts(front: EngineFront) -> ChatPrompts | None:
+    """The shipped chat prompts where the served model renders chats (its template is found
+    where the chat route looks: ``--tokenizer``'s folder, else the model's), else None."""
+    model_dir = Path(front.config.tokenizer or front.config.model)
+    if find_template(model_dir) is None:
+        log.info(
+            "the demo load sends token-id prompts to /v1/completions: %s has no chat template",
+            model_dir.name,
+        )
+        return None
+    return ChatPrompts.shipped()
+
+
 class DemoLoad:
-    def __init__(self, url: str, api_key: str | None, rate: float) -> None:
+    def __init__(
+        self, url: str, api_key: str | None, rate: float, prompts: ChatPrompts | None = None
+    ) -> None:
+        """``prompts``: the chat conversations to send, or None for token-id prompts."""
         config = LoadConfig(
             url=url,
             api_key=api_key,
@@ -32,6 +59,7 @@ class DemoLoad:
             prompt_tokens=DEMO_PROMPT_TOKENS,
             output_tokens=DEMO_OUTPUT_TOKENS,
             keep_records=False,
+            chat_prompts=prompts,
         )
         self._generator = LoadGenerator(config, quiet=True)
         self._start_rate = rate

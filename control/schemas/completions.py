@@ -18,6 +18,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from control.api.openai_fields import JsonInt, UnsupportedFields, _json_integer
+from engine.front import Prompt
 from engine.sampling_params import MAX_LOGPROBS, MAX_N
 
 SEED_BOUNDS = (-(2**53), 2**53)
@@ -57,6 +58,13 @@ TokenId = Annotated[StrictInt, Field(ge=0), BeforeValidator(_json_integer)]
 TokenPrompt = Annotated[list[TokenId], Field(min_length=1)]
 
 
+TextBatch = Annotated[list[TextPrompt], Field(min_length=1)]
+TokenBatch = Annotated[list[TokenPrompt], Field(min_length=1)]
+"""A batch: several prompts in one request, as OpenAI and vLLM take them (lm-evaluation-harness
+sends its log-likelihood requests so). Its size is bounded by the server's
+``max_batch_prompts``, checked by the route (``control.api.limits.check_batch_size``)."""
+
+
 Seed = Annotated[
     StrictInt, Field(ge=SEED_BOUNDS[0], le=SEED_BOUNDS[1]), BeforeValidator(_json_integer)
 ]
@@ -70,16 +78,23 @@ LogprobsCount = Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS), BeforeValidat
 schema says ``minimum``/``maximum`` inside the nullable field)."""
 
 
+PromptField = str | list[int] | list[str] | list[list[int]]
+
+
 class CompletionRequest(UnsupportedFields):
     """Types are strict where OpenAI's schema is (no ``"yes"`` for a boolean, no ``true`` for
     a token id); numbers may be written as integers. Limits that depend on the server's
     settings (stop list size, prompt length) are checked by the route and answer 400; the
     stop list's are written into ``/openapi.json`` from the settings
-    (``control.api.limits.document_stop_limits``). Fields accepted only at their default
+    (``control.api.openapi.document_stop_limits``). Fields accepted only at their default
     (``best_of``, penalties, ``logit_bias``, ...) come from ``UnsupportedFields``."""
 
     model: StrictStr | None = None
-    prompt: TextPrompt | TokenPrompt = Field(description="Text, or token ids (not empty).")
+    prompt: TextPrompt | TokenPrompt | TextBatch | TokenBatch = Field(
+        description="Text, token ids, or a batch: a list of texts or of token-id lists (at most "
+        "max_batch_prompts, a server setting). Nothing empty. Each prompt gets its own n "
+        "choices, numbered prompt × n + choice."
+    )
     max_tokens: JsonInt = Field(
         16, ge=1, description="Prompt tokens + max_tokens must fit max_model_len."
     )
@@ -125,10 +140,46 @@ class CompletionRequest(UnsupportedFields):
     def _model_unicode(cls, value: str | None) -> str | None:
         return None if value is None else _valid_unicode(value, "model")
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _batch_shape(cls, value: object) -> object:
+        """One clear refusal for a batch's usual mistakes (the union would list each of its
+        members' errors): an empty list, a mix of texts, token ids and lists, an empty
+        prompt in the batch."""
+        if not isinstance(value, list):
+            return value
+        if not value:
+            raise PydanticCustomError("empty_prompt", "prompt is empty")
+        texts = sum(isinstance(item, str) for item in value)
+        lists = sum(isinstance(item, list) for item in value)
+        if texts not in (0, len(value)) or lists not in (0, len(value)):
+            raise PydanticCustomError(
+                "mixed_batch",
+                "a batch's prompts are all texts or all token-id lists (one prompt's token "
+                "ids are a flat list of integers)",
+            )
+        for index, item in enumerate(value):
+            if item in ("", []):
+                raise PydanticCustomError(
+                    "empty_prompt", "prompt {index} of the batch is empty", {"index": index}
+                )
+        return value
+
     @field_validator("prompt")
     @classmethod
-    def _prompt_unicode(cls, value: str | list[int]) -> str | list[int]:
-        return _valid_unicode(value, "prompt") if isinstance(value, str) else value
+    def _prompt_unicode(cls, value: PromptField) -> PromptField:
+        for text in [value] if isinstance(value, str) else value:
+            if isinstance(text, str):
+                _valid_unicode(text, "prompt")
+        return value
+
+    def prompts(self) -> list[Prompt]:
+        """The request's prompts in order: its one prompt, or its batch's."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        items = list(self.prompt)  # validated: all token ids, all texts or all token lists
+        token_ids = [item for item in items if isinstance(item, int)]
+        return [token_ids] if token_ids else [item for item in items if not isinstance(item, int)]
 
     @field_validator("suffix")
     @classmethod
@@ -148,10 +199,33 @@ class CompletionRequest(UnsupportedFields):
         return stops
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(
+        description="Prompt tokens served from the prefix cache (whole KV blocks another "
+        "request computed), counted once per prompt, as OpenAI and vLLM report them."
+    )
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = Field(
+        None,
+        description="Always in a whole answer and in a stream's usage chunk; in vLLM's "
+        "continuous usage, once the prompt was computed.",
+    )
+
+    @classmethod
+    def of(cls, prompt: int, completion: int, cached: int | None) -> Usage:
+        """``cached``: the prompt tokens the prefix cache served (None: not known yet)."""
+        details = None if cached is None else PromptTokensDetails(cached_tokens=cached)
+        return cls(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens_details=details,
+        )
 
 
 class CompletionLogprobs(BaseModel):

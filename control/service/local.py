@@ -24,7 +24,7 @@ from control.policy.schemas import PolicySettings
 from control.service.protocol import EngineService, PeriodicJob, ReplicaControl
 from engine.async_engine import AsyncEngine, RequestStream
 from engine.engine import LLMEngine
-from engine.front import EngineFront
+from engine.front import EngineFront, QueuedPrompt
 from engine.kv_stats import KVIntegrity, ReclaimResult
 from engine.loop_health import LoopHealth
 from engine.outputs import RequestOutput
@@ -80,7 +80,10 @@ class LocalEngine(EngineService):
     def add_request(
         self, token_ids: list[int], params: SamplingParams, request_id: str
     ) -> RequestStream:
-        return self._loop.add_request(token_ids, params, request_id)
+        return self.add_requests([QueuedPrompt(token_ids, params, request_id)])[0]
+
+    def add_requests(self, batch: Sequence[QueuedPrompt]) -> list[RequestStream]:
+        return self._loop.add_requests(batch)
 
     def in_flight(self) -> bool:
         return self._engine.has_unfinished_requests()

@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from engine.front import EngineFront
+from engine.front import EngineFront, QueuedPrompt
 from engine.kv_stats import KVIntegrity, ReclaimResult
 from engine.loop_health import LoopHealth
 from engine.outputs import RequestOutput
@@ -102,8 +102,16 @@ class EngineService(Protocol):
     def add_request(
         self, token_ids: list[int], params: SamplingParams, request_id: str
     ) -> EngineStream:
-        """Queue a request (``RequestRejected`` / ``QueueFull`` / ``EngineStopped`` at once).
-        Call from a running event loop: its outputs are delivered to that loop."""
+        """Queue a request: the batch of one (``add_requests``)."""
+        ...
+
+    def add_requests(self, batch: Sequence[QueuedPrompt]) -> Sequence[EngineStream]:
+        """Queue a batch whole or not at all, one stream per prompt in order (each prompt a
+        request of its own). ``RequestRejected`` (naming the prompt) / ``QueueFull`` /
+        ``EngineStopped`` at once, queueing none; where the serving engine takes the batch
+        only later (a fleet's replicas), every stream's ``admitted()`` raises the batch's
+        refusal and none stays queued. Call from a running event loop: the outputs are
+        delivered to that loop."""
         ...
 
     def in_flight(self) -> bool:

@@ -1,9 +1,11 @@
 """A llama.cpp GGUF checkpoint: its metadata as a model config, its tensors as HF-named weights.
 
-Read with ggml-org's ``gguf`` package (``GGUFReader``, a memory map): GGUF v2/v3, one file or
-split files (``name-00001-of-00003.gguf``; any part names them all). Tensors are dequantized
-one at a time (``gguf.quants.dequantize``, to float32) and cast to the engine's dtype as they
-are copied in, so the load never holds more than the model plus one float32 tensor.
+GGUF v2/v3, one file or split files (``name-00001-of-00003.gguf``; any part names them all).
+The header is parsed into plain values (``engine.model.gguf_header``); each tensor is read into
+its parameter a slab of rows at a time (``engine.model.gguf_tensors``: ``readinto``, then
+ggml-org's ``gguf.quants.dequantize`` to float32, cast to the engine's dtype as it is copied
+in), so a load holds the model and one slab, with nothing of the file mapped (measured on the
+shipped SmolLM2 file: ``docs/gguf.md``).
 
 llama.cpp's converter permutes the rows of q and k for the Llama family (``llama``,
 ``mistral``) so that its rope pairs adjacent dimensions; ``_unpermute`` undoes it (the inverse
@@ -19,18 +21,18 @@ wrong.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
-from gguf.quants import dequantize
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from engine.errors import CheckpointError
 from engine.model.config import ModelConfig
+from engine.model.gguf_header import TensorInfo, read_header
+from engine.model.gguf_tensors import fill_tensor, read_tensor
 
 Q = GGMLQuantizationType
 SUPPORTED_TYPES = frozenset(
@@ -95,28 +97,24 @@ def hf_tensor_name(name: str) -> str | None:
     return None
 
 
-def _unpermute(weights: np.ndarray, heads: int) -> np.ndarray:
+def _unpermute(weights: torch.Tensor, heads: int) -> torch.Tensor:
     """Undo llama.cpp's ``permute(w, n_head)``: within each head, its rows were reordered from
     [first half, second half] to interleaved pairs; put them back."""
     dim = weights.shape[0] // heads // 2
     w = weights.reshape(heads, dim, 2, *weights.shape[1:])
-    return w.swapaxes(2, 1).reshape(weights.shape)
+    return w.transpose(2, 1).reshape(weights.shape)
 
 
-def _value(field: Any) -> Any:
-    """A metadata field as a Python value (a string, a number, a bool or a list of them)."""
-    types = field.types
-    if types[0] == GGUFValueType.ARRAY:
-        items = [field.parts[i] for i in field.data]
-        if types[-1] == GGUFValueType.STRING:
-            return [bytes(item).decode("utf-8", errors="replace") for item in items]
-        return [item.tolist()[0] for item in items]
-    part = field.parts[field.data[0]]
-    if types[0] == GGUFValueType.STRING:
-        return bytes(part).decode("utf-8", errors="replace")
-    if types[0] == GGUFValueType.BOOL:
-        return bool(part[0])
-    return part.tolist()[0]
+@dataclass(frozen=True, slots=True)
+class GGUFEntry:
+    """One tensor of the checkpoint under its Hugging Face name."""
+
+    name: str
+    tensor: TensorInfo
+    part: Path
+    """The file that holds it."""
+    permuted_heads: int | None
+    """The head count llama.cpp permuted its rows by (q and k of the Llama family)."""
 
 
 class GGUFCheckpoint:
@@ -125,15 +123,8 @@ class GGUFCheckpoint:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.parts = split_files(self.path)
-        self.readers: list[GGUFReader] = []
-        for part in self.parts:
-            try:
-                self.readers.append(GGUFReader(part))
-            except (ValueError, IndexError, OSError, KeyError) as exc:
-                raise CheckpointError(
-                    f"{part.name} is not a readable GGUF file (truncated or corrupt): {exc}", part
-                ) from exc
-        self.fields = self.readers[0].fields
+        self.headers = [read_header(part) for part in self.parts]
+        self.metadata = self.headers[0].metadata
         self.arch = self.string("general.architecture")
         if self.arch not in ARCHITECTURES:
             raise CheckpointError(
@@ -144,11 +135,11 @@ class GGUFCheckpoint:
         self._check_tensors()
 
     def has(self, key: str) -> bool:
-        return key in self.fields
+        return key in self.metadata
 
     def get(self, key: str, default: Any = None) -> Any:
-        field = self.fields.get(key)
-        return default if field is None else _value(field)
+        """A metadata value (a string, a number, a bool or a list of them) or ``default``."""
+        return self.metadata.get(key, default)
 
     def string(self, key: str) -> str:
         value = self.get(key)
@@ -163,12 +154,12 @@ class GGUFCheckpoint:
         return value
 
     def tensor_names(self) -> set[str]:
-        return {t.name for reader in self.readers for t in reader.tensors}
+        return {t.name for header in self.headers for t in header.tensors}
 
     def _check_tensors(self) -> None:
-        for part, reader in zip(self.parts, self.readers, strict=True):
+        for part, header in zip(self.parts, self.headers, strict=True):
             size = part.stat().st_size
-            for tensor in reader.tensors:
+            for tensor in header.tensors:
                 if tensor.tensor_type not in SUPPORTED_TYPES:
                     kind = getattr(tensor.tensor_type, "name", str(tensor.tensor_type))
                     raise CheckpointError(
@@ -176,10 +167,17 @@ class GGUFCheckpoint:
                         f"(supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))})",
                         part,
                     )
-                if tensor.data_offset + tensor.n_bytes > size:
+                block = GGML_QUANT_SIZES[tensor.tensor_type][0]
+                if tensor.dims and tensor.dims[0] % block:
+                    raise CheckpointError(
+                        f"{part.name}: tensor {tensor.name}'s rows ({tensor.dims}) are not "
+                        f"whole {tensor.tensor_type.name} blocks of {block}",
+                        part,
+                    )
+                if tensor.offset + tensor.n_bytes > size:
                     raise CheckpointError(
                         f"{part.name} is truncated: tensor {tensor.name} needs bytes up to "
-                        f"{tensor.data_offset + tensor.n_bytes}, the file has {size}",
+                        f"{tensor.offset + tensor.n_bytes}, the file has {size}",
                         part,
                     )
                 if tensor.name == "rope_freqs.weight":
@@ -212,7 +210,7 @@ class GGUFCheckpoint:
         names = self.tensor_names()
         vocab = self.get(f"{a}.vocab_size") or len(self.get("tokenizer.ggml.tokens") or ())
         if not vocab:
-            vocab = self._tensor("token_embd.weight").shape[-1]
+            vocab = self._tensor("token_embd.weight").shape[0]
         eos = [self.get("tokenizer.ggml.eos_token_id")]
         eot = self.get("tokenizer.ggml.eot_token_id")
         if eot is not None and eot not in eos:
@@ -250,34 +248,55 @@ class GGUFCheckpoint:
     def model_config(self) -> ModelConfig:
         return ModelConfig.from_dict(self.hf_config(), self.path)
 
-    def _tensor(self, name: str) -> Any:
-        for reader in self.readers:
-            for tensor in reader.tensors:
+    def _tensor(self, name: str) -> TensorInfo:
+        for header in self.headers:
+            for tensor in header.tensors:
                 if tensor.name == name:
                     return tensor
         raise CheckpointError(f"{self.path.name} has no tensor {name}", self.path)
 
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF-named float32 tensors, dequantized one at a time; an unknown name is a
-        ``CheckpointError`` naming it."""
+    def entries(self) -> list[GGUFEntry]:
+        """Every tensor under its Hugging Face name, in file order; one the decoder has no
+        place for is a ``CheckpointError`` naming it."""
         heads = self.require(f"{self.arch}.attention.head_count")
         kv_heads = self.get(f"{self.arch}.attention.head_count_kv") or heads
-        for part, reader in zip(self.parts, self.readers, strict=True):
-            for tensor in reader.tensors:
+        entries = []
+        for part, header in zip(self.parts, self.headers, strict=True):
+            for tensor in header.tensors:
                 name = hf_tensor_name(tensor.name)
                 if name is None:
                     raise CheckpointError(f"unexpected tensor {tensor.name!r} in {part.name}", part)
-                weights = dequantize(tensor.data, tensor.tensor_type)
-                shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
-                weights = weights.reshape(shape)
+                permuted = None
                 if self.arch in PERMUTED and name.endswith(("q_proj.weight", "q_proj.bias")):
-                    weights = _unpermute(weights, heads)
+                    permuted = heads
                 elif self.arch in PERMUTED and name.endswith(("k_proj.weight", "k_proj.bias")):
-                    weights = _unpermute(weights, kv_heads)
-                weights = np.ascontiguousarray(weights, dtype=np.float32)
-                if not weights.flags.writeable:  # F32 data is the read-only file map itself
-                    weights = weights.copy()
-                yield name, torch.from_numpy(weights)
+                    permuted = kv_heads
+                entries.append(GGUFEntry(name, tensor, part, permuted))
+        return entries
+
+    def read_into(self, entry: GGUFEntry, dst: torch.Tensor) -> None:
+        """Fill ``dst`` (the entry's shape, contiguous; any dtype and device) with its values,
+        a slab of rows at a time; a permuted q/k (a few MiB) whole, to undo the permutation."""
+        if tuple(dst.shape) != entry.tensor.shape:
+            raise CheckpointError(
+                f"{entry.name} in {entry.part.name}: expected shape {tuple(dst.shape)}, "
+                f"got {entry.tensor.shape}",
+                entry.part,
+            )
+        if entry.permuted_heads is not None:
+            with torch.no_grad():
+                dst.copy_(self.read(entry))
+            return
+        with open(entry.part, "rb", buffering=0) as file:
+            fill_tensor(file, entry.tensor, dst, entry.part)
+
+    def read(self, entry: GGUFEntry) -> torch.Tensor:
+        """The entry's values as a new float32 CPU tensor, q/k rows un-permuted."""
+        with open(entry.part, "rb", buffering=0) as file:
+            values = read_tensor(file, entry.tensor, entry.part)
+        if entry.permuted_heads is not None:
+            values = _unpermute(values, entry.permuted_heads)
+        return values
 
 
 @lru_cache(maxsize=2)

@@ -9,14 +9,15 @@ A tensor-parallel rank (``shard``) loads its slice of each split tensor (``split
 the whole tensor is read, then its slice copied, one tensor at a time.
 
 A path ending in ``.gguf`` is a llama.cpp GGUF checkpoint (``engine.model.gguf_file``): its
-config comes from the file's metadata and its tensors, dequantized one at a time and named as
-Hugging Face names them, go through the same ``load_weights``.
+config comes from the file's metadata and its tensors, named as Hugging Face names them, are
+dequantized into the parameters a slab of rows at a time, through the same targets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -42,23 +43,49 @@ def load_model(
     if is_gguf(path):
         ckpt = open_checkpoint(Path(path))
         model = LlamaForCausalLM(ckpt.model_config(), dtype, device, shard)
-        load_weights(model, ckpt.tensors(), Path(path))
-        return model.eval()
-    model = LlamaForCausalLM(ModelConfig.from_dir(path), dtype, device, shard)
-    targets = WeightTargets(model)
-    for file in files.weights:
-        with SafetensorsFile(file) as weights:
-            for entry in weights.entries:
-                dst = targets.destination(entry.name, file)
-                if dst is None:
-                    continue
-                dim = split_dim(entry.name) if shard.parallel else None
-                if dim is None:
-                    weights.read_into(entry, dst)
-                else:
-                    _copy(entry.name, dst, shard.narrow(weights.read(entry), dim), file)
+        targets = WeightTargets(model)
+        _read_entries(targets, ckpt, ckpt.entries(), Path(path))
+    else:
+        model = LlamaForCausalLM(ModelConfig.from_dir(path), dtype, device, shard)
+        targets = WeightTargets(model)
+        for file in files.weights:
+            with SafetensorsFile(file) as weights:
+                _read_entries(targets, weights, weights.entries, file)
     targets.check_complete(Path(path))
     return model.eval()
+
+
+class Entry(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+E = TypeVar("E", bound=Entry)
+E_contra = TypeVar("E_contra", contravariant=True)
+
+
+class TensorReader(Protocol[E_contra]):
+    """A checkpoint read tensor by tensor (``SafetensorsFile``, ``GGUFCheckpoint``): into the
+    parameter itself, or whole, for a rank that keeps a slice."""
+
+    def read_into(self, entry: E_contra, dst: torch.Tensor) -> None: ...
+
+    def read(self, entry: E_contra) -> torch.Tensor: ...
+
+
+def _read_entries(
+    targets: WeightTargets, reader: TensorReader[E], entries: Iterable[E], where: Path
+) -> None:
+    shard = targets.model.shard
+    for entry in entries:
+        dst = targets.destination(entry.name, where)
+        if dst is None:
+            continue
+        dim = split_dim(entry.name) if shard.parallel else None
+        if dim is None:
+            reader.read_into(entry, dst)
+        else:
+            _copy(entry.name, dst, shard.narrow(reader.read(entry), dim), where)
 
 
 def build_model(

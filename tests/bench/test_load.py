@@ -1,8 +1,11 @@
 """``servedeck load`` against a real server: a trace replayed at its arrival times with exact
-lengths, a closed loop for a duration, the summary's figures, the CLI's table and exit code."""
+lengths, a closed loop for a duration, the summary's figures, the CLI's table and exit code;
+chat prompts sent to ``/v1/chat/completions``, their shared system prompt served from the
+prefix cache."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -10,11 +13,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from bench.chat_prompts import ChatPrompts
 from bench.load import LoadConfig, run_load
+from bench.load_cli import add_parser
 from sim.trace import TraceRequest, Uniform, write_trace
-from tests.control.support import TOKEN, ServerProcess
+from tests.control.support import ADMIN, TOKEN, ServerProcess
+
+CHAT_MAX_TOKENS = 4
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +78,39 @@ def test_closed_loop_keeps_the_concurrency_for_the_duration(server: str) -> None
     assert peak <= 3
 
 
+def prefilled(url: str) -> int:
+    """Prompt tokens the server computed (a prefix-cache hit computes none of its tokens)."""
+    state = httpx.get(f"{url}/admin/state", headers=ADMIN, timeout=30).json()
+    return state["totals"]["prompt_tokens"]
+
+
+def test_chat_prompts_share_the_cached_system_prompt(server: str) -> None:
+    shipped = ChatPrompts.shipped()
+    shared = tuple(  # the shipped group behind the shared system prompt, short answers
+        c.model_copy(update={"max_tokens": CHAT_MAX_TOKENS})
+        for c in shipped.conversations
+        if c.shared_system
+    )
+    prompts = ChatPrompts(shared, temperature=0.0)
+    before = prefilled(server)
+    config = LoadConfig(url=server, concurrency=2, duration_s=1.5, chat_prompts=prompts)
+    result = run_load(config)
+    assert result.failed == 0 and len(result.records) >= 4, result.failures
+    # the usage chunk gave each prompt's length: the template's rendering, longer than the text
+    system = shipped.shared_system_prompt
+    assert system is not None
+    assert all(r.prompt_tokens > len(system) // 8 for r in result.records)
+    # a chat stream's role chunk is not a token: at most max_tokens counted, and all of them
+    # where the answer ran to its limit
+    assert all(1 <= r.output_tokens <= CHAT_MAX_TOKENS for r in result.records)
+    assert max(r.output_tokens for r in result.records) == CHAT_MAX_TOKENS
+    assert all(r.metrics.ttft is not None and r.metrics.ttft > 0 for r in result.records)
+    sent = sum(r.prompt_tokens for r in result.records)
+    computed = prefilled(server) - before
+    # every request after the first two found the system prompt's blocks cached
+    assert computed < sent - (len(result.records) - 2) * len(system) // 8, (computed, sent)
+
+
 def test_cli_prints_the_table_and_writes_json(server: str, tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
     argv = [sys.executable, "-m", "control.cli", "load", "--url", server, "--rate", "5"]
@@ -84,6 +125,26 @@ def test_cli_prints_the_table_and_writes_json(server: str, tmp_path: Path) -> No
         [*argv[:5], "--rate", "1", "--concurrency", "2"], capture_output=True, text=True
     )
     assert bad.returncode == 2  # one mode only (argparse)
+
+
+def test_chat_prompts_argument(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["load", "--rate", "1", "--chat-prompts"])
+    assert args.chat_prompts == ChatPrompts.shipped()
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["load", "--rate", "1", "--chat-prompts", str(tmp_path / "no.json")])
+    assert exited.value.code == 2 and "no.json" in capsys.readouterr().err
+
+
+def test_cli_sends_the_shipped_chat_prompts(server: str) -> None:
+    argv = [sys.executable, "-m", "control.cli", "load", "--url", server, "--concurrency", "2"]
+    argv += ["--duration", "1", "--chat-prompts"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "failed:" not in done.stderr
+    completed = next(line for line in done.stdout.splitlines() if "requests completed" in line)
+    assert int(completed.split()[-1]) >= 1
 
 
 def test_unreachable_server_is_an_error(tmp_path: Path) -> None:

@@ -51,11 +51,14 @@ def test_completion_equals_offline_greedy_output(
     assert body["model"] == "tiny"
     assert body["choices"][0]["text"] == expected.text
     assert body["choices"][0]["finish_reason"] == expected.finish_reason
-    assert body["usage"] == {
+    usage = body["usage"]
+    cached = usage.pop("prompt_tokens_details")["cached_tokens"]
+    assert usage == {
         "prompt_tokens": len(expected.prompt_token_ids),
         "completion_tokens": len(expected.token_ids),
         "total_tokens": len(expected.prompt_token_ids) + len(expected.token_ids),
     }
+    assert 0 <= cached < len(expected.prompt_token_ids)
 
 
 @pytest.mark.parametrize("index", range(len(PROMPTS)))
@@ -115,7 +118,7 @@ def test_unknown_model_is_404(client: httpx.Client) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_tokens", 0), ("temperature", -1), ("top_p", 0), ("prompt", ""), ("prompt", ["a"])],
+    [("max_tokens", 0), ("temperature", -1), ("top_p", 0), ("prompt", ""), ("prompt", ["a", 1])],
 )
 def test_invalid_request_is_400_naming_the_field(client: httpx.Client, field: str, value) -> None:
     response = client.post("/v1/completions", json={**completion("Hi"), field: value})

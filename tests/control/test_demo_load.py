@@ -1,9 +1,13 @@
 """The demo load (``servedeck serve --demo-load``, which ``make run`` passes through ``up``):
 within 30 s of the server being ready, requests run and throughput is above zero; the console's
-``PUT /admin/demo-load`` pauses it (rate 0) and resumes it; off unless asked for."""
+``PUT /admin/demo-load`` pauses it (rate 0) and resumes it; off unless asked for. With a chat
+template (the tiny checkpoint has one) it sends chat requests, whose ids the engine's snapshot
+shows (``chatcmpl-``); without one, token-id completions (``cmpl-``)."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,9 +35,16 @@ def demo(http: httpx.Client) -> dict:
     return response.json()
 
 
+def running_kinds(http: httpx.Client) -> set[str]:
+    """The id prefixes of the requests the engine holds now: the route each one came in by."""
+    state = http.get("/admin/state", headers=ADMIN).json()
+    return {request["id"].split("-")[0] for request in state["requests"]}
+
+
 def test_demo_load_runs_pauses_and_resumes(server: ServerProcess) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as http:
         ready = time.monotonic()
+        assert wait_for(lambda: running_kinds(http), timeout=30) <= {"chatcmpl"}
 
         def busy() -> bool:
             state = http.get("/admin/state", headers=ADMIN).json()
@@ -62,6 +73,25 @@ def test_demo_load_runs_pauses_and_resumes(server: ServerProcess) -> None:
         bad = http.put("/admin/demo-load", json={"rate": -1}, headers=ADMIN)
         assert bad.status_code == 422 and "rate" in bad.text
         assert http.put("/admin/demo-load", json={"rate": 1}).status_code == 401
+
+
+def test_token_prompts_without_a_chat_template(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = tmp_path / "no-template"
+    shutil.copytree(tiny_model_dir, model)
+    config_path = model / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    del config["chat_template"]
+    config_path.write_text(json.dumps(config))
+    process = ServerProcess(model, tmp_path, ["--admin-token", TOKEN, "--demo-load", "4"], {})
+    process.start()
+    try:
+        with httpx.Client(base_url=process.url, timeout=30) as http:
+            assert wait_for(lambda: running_kinds(http), timeout=30) == {"cmpl"}
+            wait_for(lambda: demo(http)["completed"] > 0, timeout=30)
+            assert demo(http)["failed"] == 0
+        assert "sends token-id prompts to /v1/completions" in process.log()
+    finally:
+        process.stop()
 
 
 def test_off_unless_asked(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -54,11 +54,14 @@ def test_n_choices(client: httpx.Client, offline: RequestOutput) -> None:
     assert [c["index"] for c in answer["choices"]] == [0, 1, 2]
     assert all(c["text"] == offline.text for c in answer["choices"])
     prompt_tokens = len(offline.prompt_token_ids)
-    assert answer["usage"] == {
+    usage = answer["usage"]
+    cached = usage.pop("prompt_tokens_details")["cached_tokens"]
+    assert usage == {
         "prompt_tokens": prompt_tokens,  # the prompt once
         "completion_tokens": 3 * len(offline.token_ids),  # every choice's tokens
         "total_tokens": prompt_tokens + 3 * len(offline.token_ids),
     }
+    assert 0 <= cached < prompt_tokens  # the prompt's hits once too
 
 
 def test_n_choices_streamed(client: httpx.Client, offline: RequestOutput) -> None:

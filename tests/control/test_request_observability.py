@@ -148,9 +148,13 @@ def test_openapi_declares_every_public_answer(client: httpx.Client) -> None:
     models = spec["paths"]["/v1/models"]["get"]["responses"]
     assert {"401", "500", "503"} <= set(models)
     request = spec["components"]["schemas"]["CompletionRequest"]["properties"]
-    text, tokens = request["prompt"]["anyOf"]
+    text, tokens, texts, token_lists = request["prompt"]["anyOf"]
     assert (text["minLength"], tokens["minItems"], tokens["items"]["type"]) == (1, 1, "integer")
     assert (tokens["items"]["minimum"], tokens["items"]["maximum"]) == (0, 4095)  # tiny: 4096
+    assert (texts["minItems"], texts["maxItems"], texts["items"]["minLength"]) == (1, 256, 1)
+    each = token_lists["items"]
+    assert (token_lists["minItems"], token_lists["maxItems"], each["minItems"]) == (1, 256, 1)
+    assert (each["items"]["minimum"], each["items"]["maximum"]) == (0, 4095)
     assert request["stream"]["type"] == "boolean"
     one, many, _ = request["stop"]["anyOf"]
     assert (one["minLength"], one["maxLength"]) == (1, 256)

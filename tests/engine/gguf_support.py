@@ -6,7 +6,8 @@ converter writes them: HF-named weights renamed, the Llama family's q/k rows per
   tokenizer (tokens, scores and types, no merges: readers rebuild them from the scores) and
   BOS added;
 - ``write_qwen2_f16``: a Qwen2 (q/k/v biases) in F16 with a byte-level ``gpt2`` tokenizer,
-  pre-tokenizer ``qwen2``, merges in the file, no BOS.
+  pre-tokenizer ``qwen2``, merges in the file, no BOS;
+- ``write_llama_weights``: a Llama in Q8_0 with no tokenizer, sized to measure a load.
 
 The weights use the sharp scales of ``engine.checkpoint.random_weights`` so greedy choices sit
 far above float rounding.
@@ -172,6 +173,24 @@ def write_qwen2_f16(path: Path, shape: Shape = Shape(), seed: int = 0) -> Path:
     w.add_add_bos_token(False)
     for name, t in random_tensors(shape, len(tokens), bias=True, seed=seed).items():
         w.add_tensor(name, t.astype(np.float16 if t.ndim == 2 else np.float32))
+    return _close(w, path)
+
+
+def write_llama_weights(path: Path, shape: Shape, vocab: int, seed: int = 0) -> Path:
+    """Weights and the config's metadata only (``load_model`` reads them; no tokenizer), the
+    matrices in Q8_0 as llama.cpp's converter stores them (q/k permuted), norms F32."""
+    w = GGUFWriter(str(path), "llama")
+    _header(w, "llama", shape, vocab)
+    q8 = GGMLQuantizationType.Q8_0
+    for name, t in random_tensors(shape, vocab, bias=False, seed=seed).items():
+        if ".attn_q." in name:
+            t = permute(t, shape.heads)
+        elif ".attn_k." in name:
+            t = permute(t, shape.kv_heads)
+        if t.ndim == 2:
+            w.add_tensor(name, quantize(t, q8), raw_shape=None, raw_dtype=q8)
+        else:
+            w.add_tensor(name, t.astype(np.float32))
     return _close(w, path)
 
 

@@ -21,6 +21,7 @@ from control.api.deps import ApiKeyDep, ContextDep, RuntimeDep
 from control.api.errors import RETRY_AFTER_S, ApiError, rejection_code
 from control.api.generation import Answers, check_request, sampling_params
 from control.api.limits import CostFields, RequestCost, check_request_cost
+from control.api.prompt_streams import PromptStream
 from control.chat.render import ChatRenderer, RendererBusy
 from control.chat.schemas import ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse
 from control.chat.template import ChatTemplateError
@@ -71,8 +72,9 @@ async def create_chat_completion(
         renamed.code = rejection_code(exc)  # type: ignore[attr-defined]
         raise renamed from exc
     render = Render(body, front)
+    prompt = PromptStream(stream, render)
     return await ANSWERS.answer(
-        body, request_id, runtime, stream, render, request, len(token_ids), render.roles()
+        body, request_id, runtime, [prompt], request, len(token_ids), render.roles()
     )
 
 

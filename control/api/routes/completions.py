@@ -1,8 +1,12 @@
 """``POST /v1/completions``: OpenAI-compatible, streamed as server-sent events on request.
 
+``prompt`` is one prompt (text or token ids) or a batch of them (texts or token-id lists), as
+OpenAI and vLLM take it: each prompt is an engine request of its own (id ``<id>-<i>``), the
+batch admitted whole or refused whole (``EngineService.add_requests``), and every limit counts
+the whole batch. Prompt ``i``'s ``n`` choices are indexes ``i × n .. i × n + n - 1``.
 ``n`` choices are one engine request of ``n`` sequences (the prompt computed once, then
 forked); their outputs interleave on one stream, each chunk naming its choice's ``index``.
-``logprobs`` are rendered by control/api/logprobs.py; ``echo`` prepends the prompt's text
+``logprobs`` are rendered by control/api/logprobs.py; ``echo`` prepends each prompt's text
 (the first chunk of each choice carries it when streaming) and, with ``logprobs``, its tokens'
 logprobs (``SamplingParams.prompt_logprobs``; the first token has none).
 """
@@ -16,14 +20,21 @@ from tokenizers import Tokenizer
 
 from control.api.deps import ApiKeyDep, ContextDep, RuntimeDep
 from control.api.generation import Answers, check_request, sampling_params
-from control.api.limits import RequestCost, check_request_cost, prompt_token_ids
+from control.api.limits import (
+    RequestCost,
+    check_batch_size,
+    check_request_cost,
+    prompt_token_ids,
+)
 from control.api.logprobs import TokenTexts, completion_logprobs
+from control.api.prompt_streams import PromptStream
 from control.schemas.completions import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
 )
+from engine.front import Prompt, QueuedPrompt
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
 
@@ -35,11 +46,14 @@ ANSWERS = Answers(CompletionResponse, CompletionResponse, "completion")
 async def create_completion(
     body: CompletionRequest, runtime: RuntimeDep, ctx: ContextDep, request: Request
 ):
-    check_request(body, runtime, ctx.settings)
-    front = runtime.service.front
-    token_ids = await prompt_token_ids(body.prompt, front)
     settings = ctx.settings
-    cost = RequestCost.of([len(token_ids)], body.n, body.max_tokens, body.logprobs, body.echo)
+    check_request(body, runtime, settings)
+    prompts = body.prompts()
+    check_batch_size(len(prompts), settings.max_batch_prompts)
+    front = runtime.service.front
+    token_ids = await prompt_token_ids(prompts, front)
+    lengths = [len(ids) for ids in token_ids]
+    cost = RequestCost.of(lengths, body.n, body.max_tokens, body.logprobs, body.echo)
     check_request_cost(
         cost,
         settings.max_request_tokens,
@@ -47,9 +61,21 @@ async def create_completion(
         front.limits.max_model_len,
     )
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    stream = runtime.service.add_request(token_ids, engine_params(body), request_id)
-    render = Render(body, front.tokenizer, token_ids)
-    return await ANSWERS.answer(body, request_id, runtime, stream, render, request, len(token_ids))
+    params = engine_params(body)
+    ids = prompt_request_ids(request_id, len(prompts))
+    batch = [QueuedPrompt(tokens, params, rid) for tokens, rid in zip(token_ids, ids, strict=True)]
+    streams = runtime.service.add_requests(batch)
+    parts = [
+        PromptStream(stream, Render(body, front.tokenizer, prompt, tokens), i * body.n)
+        for i, (stream, prompt, tokens) in enumerate(zip(streams, prompts, token_ids, strict=True))
+    ]
+    return await ANSWERS.answer(body, request_id, runtime, parts, request, sum(lengths))
+
+
+def prompt_request_ids(request_id: str, prompts: int) -> list[str]:
+    """The engine's request id of each prompt: the answer's own for one, ``<id>-<i>`` for a
+    batch's (each prompt is a request of its own)."""
+    return [request_id] if prompts == 1 else [f"{request_id}-{i}" for i in range(prompts)]
 
 
 def engine_params(body: CompletionRequest) -> SamplingParams:
@@ -59,11 +85,15 @@ def engine_params(body: CompletionRequest) -> SamplingParams:
 
 
 class Render:
-    """Choices of one request: the echoed prompt and the logprobs, whole or chunk by chunk
+    """Choices of one prompt: the echoed prompt and the logprobs, whole or chunk by chunk
     (per choice, the tokens since its last chunk and where their text starts)."""
 
     def __init__(
-        self, body: CompletionRequest, tokenizer: Tokenizer | None, prompt_ids: list[int]
+        self,
+        body: CompletionRequest,
+        tokenizer: Tokenizer | None,
+        prompt: Prompt,
+        prompt_ids: list[int],
     ) -> None:
         self.want_logprobs = body.logprobs is not None
         self.echo_logprobs = body.echo and self.want_logprobs
@@ -71,7 +101,6 @@ class Render:
         self.texts = TokenTexts(tokenizer)
         self.echo = ""
         if body.echo:
-            prompt = body.prompt
             if isinstance(prompt, str):
                 self.echo = prompt
             elif tokenizer is not None:
@@ -80,20 +109,19 @@ class Render:
         self._offset: dict[int, int] = {}
         self._started: set[int] = set()
 
-    def final(self, output: RequestOutput) -> CompletionChoice:
+    def final(self, output: RequestOutput, index: int) -> CompletionChoice:
         logprobs = None
         if self.echo_logprobs:
             entries = (output.prompt_logprobs or []) + (output.logprobs or [])
             logprobs, _ = completion_logprobs(entries, self.texts, 0, self.first_token)
         elif self.want_logprobs:
             logprobs, _ = completion_logprobs(output.logprobs or [], self.texts)
-        return _choice(output, self.echo + output.text, logprobs)
+        return _choice(output, index, self.echo + output.text, logprobs)
 
-    def chunk(self, output: RequestOutput) -> CompletionChoice | None:
+    def chunk(self, output: RequestOutput, index: int) -> CompletionChoice | None:
         """The choice's next chunk: one for each step that gave it a token, even when the
         token's text is held back (an incomplete character, a possible stop string) — a
         client's clock then sees every token, as vLLM streams; None for a step without one."""
-        index = output.index
         pending = self._pending.setdefault(index, [])
         if self.want_logprobs:
             pending.extend(output.new_logprobs or [])
@@ -112,14 +140,14 @@ class Render:
                 pending, self.texts, self._offset.get(index, 0), first
             )
             pending.clear()
-        return _choice(output, text, logprobs)
+        return _choice(output, index, text, logprobs)
 
 
 def _choice(
-    output: RequestOutput, text: str, logprobs: CompletionLogprobs | None = None
+    output: RequestOutput, index: int, text: str, logprobs: CompletionLogprobs | None = None
 ) -> CompletionChoice:
     return CompletionChoice(
-        index=output.index,
+        index=index,
         text=text,
         logprobs=logprobs,
         finish_reason=output.finish_reason,
