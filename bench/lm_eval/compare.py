@@ -82,9 +82,13 @@ def _lines(path: Path) -> list[dict[str, object]]:
 
 
 def _number(value: object) -> float:
-    if not isinstance(value, int | float):
-        raise TypeError(f"expected a number, got {value!r}")
-    return float(value)
+    """lm-eval 0.4.13 writes ``resps`` through ``str()`` (``"-4.5093..."``), so a number may
+    arrive as its decimal string; anything else is a format change worth stopping on."""
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        return float(value)
+    raise TypeError(f"expected a number, got {value!r}")
 
 
 def read_choice_scores(path: Path) -> dict[int, ChoiceScores]:

