@@ -193,6 +193,10 @@ def run_all(paths: Paths, port: int) -> tuple[LoglikComparison, GenerationCompar
     return logliks, answers, runs
 
 
+def _fraction(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
 def summary(logliks: LoglikComparison, answers: GenerationComparison, runs: list[Run]) -> str:
     walls = ", ".join(f"{run.name} {run.wall_s:.0f} s" for run in runs)
     lines = [
@@ -201,8 +205,9 @@ def summary(logliks: LoglikComparison, answers: GenerationComparison, runs: list
         f"- {MC_TASK}: {logliks.items} items, {logliks.choices} choices; "
         f"max |Δ loglik| {logliks.max_abs_diff:.2e} (doc {logliks.worst_doc_id}; bound 1e-3)",
         f"- acc: hf {logliks.acc_reference:.4f}, local-completions {logliks.acc_candidate:.4f}; "
-        f"acc_norm: hf {logliks.acc_norm_reference}, local-completions "
-        f"{logliks.acc_norm_candidate}; items whose acc differs: {list(logliks.items_disagreeing)}",
+        f"acc_norm: hf {_fraction(logliks.acc_norm_reference)}, local-completions "
+        f"{_fraction(logliks.acc_norm_candidate)}; items whose acc differs: "
+        f"{list(logliks.items_disagreeing)}",
         f"- {GEN_TASK} (chat template, greedy): answers equal {answers.equal}/{answers.items}",
         f"- wall times: {walls}",
         f"- verdict: {'agrees' if logliks.agrees and answers.agrees else 'DISAGREES'}",
