@@ -16,6 +16,7 @@ TTFT, TPOT, e2e, throughput over the run's duration). The rate can change while 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import sys
@@ -206,17 +207,18 @@ class LoadGenerator:
                     text = (await response.aread()).decode(errors="replace")
                     self._fail(f"{response.status_code}: {text[:200]}")
                     return
-                async for event in events(response):
-                    if "error" in event:
-                        self._fail(json.dumps(event)[:200])
-                        return
-                    if carries_token(event):
-                        now = time.perf_counter()
-                        if metrics.first_token_time is None:
-                            metrics.first_token_time = now
-                        metrics.token_times.append(now)
-                    elif prompt_tokens is None:
-                        prompt_tokens = prompt_tokens_of(event)
+                async with contextlib.aclosing(events(response)) as stream:  # closed when cut
+                    async for event in stream:
+                        if "error" in event:
+                            self._fail(json.dumps(event)[:200])
+                            return
+                        if carries_token(event):
+                            now = time.perf_counter()
+                            if metrics.first_token_time is None:
+                                metrics.first_token_time = now
+                            metrics.token_times.append(now)
+                        elif prompt_tokens is None:
+                            prompt_tokens = prompt_tokens_of(event)
             metrics.finish_time = time.perf_counter()
             self.completed += 1
             if self.config.keep_records:

@@ -74,7 +74,7 @@ class AppContext:
         """Refuse new work, then wait up to ``timeout`` for the requests in flight."""
         self.draining.set()
         if self.demo_load is not None:
-            self.demo_load.stop()
+            self.demo_load.stop_sending()  # its requests in flight drain like the others
         if self.runtime is None:
             return True
         log.info("draining: waiting up to %.0f s for the requests in flight", timeout)

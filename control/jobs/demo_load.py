@@ -15,8 +15,10 @@ console pauses and resumes it over HTTP (``PUT /admin/demo-load``, rate 0 pauses
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.chat_prompts import ChatPrompts
@@ -64,6 +66,8 @@ class DemoLoad:
         self._generator = LoadGenerator(config, quiet=True)
         self._start_rate = rate
         self._loop = asyncio.new_event_loop()
+        self._runner = asyncio.Runner(loop_factory=lambda: self._loop)
+        self._task: asyncio.Task[object] | None = None
         self._thread = threading.Thread(target=self._run, name="servedeck-demo-load", daemon=True)
 
     def start(self) -> DemoLoad:
@@ -71,16 +75,27 @@ class DemoLoad:
         return self
 
     def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_until_complete(self._generator.run())
-        except Exception:
-            log.exception("the demo load stopped")
-        finally:
-            self._loop.close()
+        """The generator on this thread's own loop. The runner's close cancels whatever is
+        left and closes the async generators, so no task is destroyed pending."""
+        with self._runner as runner:
+            try:
+                runner.run(self._main())
+            except asyncio.CancelledError:
+                pass  # stop() cut the requests in flight off
+            except Exception:
+                log.exception("the demo load stopped")
+
+    async def _main(self) -> None:
+        self._task = asyncio.current_task()
+        await self._generator.run()
+
+    def _call(self, callback: Callable[[], object]) -> None:
+        """``callback`` on the demo's loop, if it still runs."""
+        with contextlib.suppress(RuntimeError):  # its loop has closed: nothing to tell
+            self._loop.call_soon_threadsafe(callback)
 
     def set_rate(self, rate: float) -> None:
-        self._loop.call_soon_threadsafe(self._generator.set_rate, rate)
+        self._call(lambda: self._generator.set_rate(rate))
 
     def view(self) -> DemoLoadView:
         generator = self._generator
@@ -94,7 +109,21 @@ class DemoLoad:
             running=self._thread.is_alive(),
         )
 
+    def stop_sending(self) -> None:
+        """Send nothing new; the requests in flight go on (a drain waits for them like any
+        other). Returns at once."""
+        self._call(self._generator.stop)
+
     def stop(self) -> None:
-        if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._generator.stop)
-            self._thread.join(STOP_TIMEOUT_S)
+        """Send nothing new and cut the requests in flight off (their streams close); waits
+        for the thread up to ``STOP_TIMEOUT_S``."""
+        if not self._thread.is_alive():
+            return
+
+        def cancel() -> None:
+            self._generator.stop()
+            if self._task is not None:
+                self._task.cancel()
+
+        self._call(cancel)
+        self._thread.join(STOP_TIMEOUT_S)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,3 +112,29 @@ def test_off_unless_asked(tiny_model_dir: Path, tmp_path: Path) -> None:
             assert refused.status_code == 409 and "--demo-load" in refused.text
     finally:
         process.stop()
+
+
+def test_a_drain_cuts_the_demo_load_off_cleanly(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """SIGTERM with the demo load's requests in flight (held by a stalled engine step): the
+    drain starts at once (the demo stops sending; its requests drain like any other), and
+    the process ends without a task of the demo's loop destroyed pending."""
+    args = ["--admin-token", TOKEN, "--demo-load", "8", "--stall-timeout-s", "1"]
+    process = ServerProcess(tiny_model_dir, tmp_path, args, {"SERVEDECK_TESTING": "1"})
+    process.start()
+    try:
+        with httpx.Client(base_url=process.url, timeout=30) as http:
+            wait_for(lambda: running_kinds(http), timeout=30)
+            stalled = http.post("/admin/testing/stall", params={"seconds": 8}, headers=ADMIN)
+            assert stalled.status_code == 200, stalled.text
+            wait_for(lambda: http.get("/ready").status_code == 503, timeout=10)  # held
+        assert process.proc is not None
+        signalled = time.monotonic()
+        process.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "draining: waiting up to" in process.log(), timeout=30, interval=0.02)
+        assert time.monotonic() - signalled < 2.0  # not held by the demo's thread
+        assert process.proc.wait(60) == 0
+    finally:
+        process.stop()
+    log = process.log()
+    assert "Task was destroyed but it is pending" not in log, log[-3000:]
+    assert "the demo load stopped" not in log, log[-3000:]
