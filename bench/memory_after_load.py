@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import sys
@@ -31,6 +32,7 @@ from pathlib import Path
 import httpx
 
 from bench import child_server
+from bench.load_requests import events
 
 TOKEN = "memory-after-load-token-0123"
 GOAL = 0.10
@@ -119,10 +121,11 @@ async def client(
                         else f"status_{response.status_code}"
                     )
                     chunks = 0
-                    async for _ in response.aiter_lines():
-                        chunks += 1
-                        if chunks >= config.drop_after_chunks:
-                            break  # the client goes away: the request is aborted
+                    async with contextlib.aclosing(events(response)) as stream:
+                        async for _ in stream:
+                            chunks += 1
+                            if chunks >= config.drop_after_chunks:
+                                break  # the client goes away: the request is aborted
         except httpx.HTTPError as exc:
             outcome = type(exc).__name__
         except asyncio.CancelledError:

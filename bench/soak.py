@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import subprocess
@@ -31,6 +32,7 @@ import httpx
 import psutil
 
 from bench import child_server
+from bench.load_requests import events
 from engine.stats import percentile
 
 POLICY_CYCLE = ("static", "dynamic", "continuous", "hybrid")
@@ -171,21 +173,19 @@ async def one_request(
             outcome.error = (await response.aread()).decode(errors="replace")[:200]
             return outcome
         keep = rng.randint(1, 3)
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if "error" in event:
-                outcome.error = json.dumps(event)[:200]
-                outcome.status = 500
-                break
-            if outcome.ttft_s is None:
-                outcome.ttft_s = time.monotonic() - started
-            outcome.text += "".join(c["text"] for c in event["choices"])
-            keep -= 1
-            if drop and keep <= 0:
-                outcome.dropped = True
-                break  # closing the response hangs up mid-stream
+        async with contextlib.aclosing(events(response)) as stream:
+            async for event in stream:
+                if "error" in event:
+                    outcome.error = json.dumps(event)[:200]
+                    outcome.status = 500
+                    break
+                if outcome.ttft_s is None:
+                    outcome.ttft_s = time.monotonic() - started
+                outcome.text += "".join(c["text"] for c in event["choices"])
+                keep -= 1
+                if drop and keep <= 0:
+                    outcome.dropped = True
+                    break  # closing the response hangs up mid-stream
     outcome.e2e_s = time.monotonic() - started
     return outcome
 
