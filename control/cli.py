@@ -136,6 +136,12 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     add("--target-ongoing-requests", type=float, help="autoscaling: requests per replica (8)")
     from control.core.config import ENGINE_SETTINGS, POLICY_OVERRIDES, Settings
 
+    add(
+        "--expose-text",
+        action=argparse.BooleanOptionalAction,
+        help=f"{Settings.model_fields['expose_text'].description} (default: off)",
+    )
+
     for name in SERVER_LIMITS:  # help and default from the setting itself, defined once there
         field = Settings.model_fields[name]
         kind = type(field.default)

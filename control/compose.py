@@ -34,6 +34,7 @@ from control.policy.in_force import InForce
 from control.policy.rows import seed, with_overrides
 from control.policy.schemas import PolicySettings, VersionState
 from control.policy.store import PolicyStore
+from control.requests_text import TextJournal
 from control.runtime import Runtime
 from control.schedules.store import JOB_ID as SCHEDULE_JOB_ID
 from control.schedules.store import TICK_S as SCHEDULE_TICK_S
@@ -87,10 +88,13 @@ def _build(
         **settings.engine_values(),
     )
     arrivals = ArrivalLog()
+    text = TextJournal() if settings.expose_text else None
 
     def on_finished(output: RequestOutput) -> None:
         metrics.observe_finished(output)
         arrivals.record(output)
+        if text is not None:
+            text.settle(output)
 
     service: EngineService
     testing: TestingHooks | None = None
@@ -163,6 +167,7 @@ def _build(
         guardrail=guardrail,
         renderer=renderer,
         watchdog=watchdog,
+        text=text,
         testing=testing,
     )
     service.start()

@@ -21,6 +21,7 @@ from control.jobs.watchdog import StallWatchdog
 from control.metrics import ControlMetrics
 from control.policy.in_force import InForce
 from control.policy.store import PolicyStore
+from control.requests_text import TextJournal
 from control.schedules.store import Schedules
 from control.service.protocol import EngineService, TestingHooks
 
@@ -46,6 +47,8 @@ class Runtime:
     renderer: ChatRenderer
     """The chat template's worker processes."""
     watchdog: StallWatchdog
+    text: TextJournal | None = None
+    """Recent requests' prompt and output text (``--expose-text`` only; None: none is kept)."""
     testing: TestingHooks | None = None
     """The test hooks (``SERVEDECK_TESTING=1`` with one local engine only)."""
     created: int = field(default_factory=lambda: int(time.time()))

@@ -24,8 +24,13 @@ STOP_TIMEOUT_S = 15.0
 def serve_argv(args: argparse.Namespace) -> list[str]:
     argv = [sys.executable, "-m", "control.cli", "serve"]
     for key, value in vars(args).items():
-        if value is not None and key not in NOT_FORWARDED:
-            argv += [f"--{key.replace('_', '-')}", str(value)]
+        if value is None or key in NOT_FORWARDED:
+            continue
+        flag = key.replace("_", "-")
+        if isinstance(value, bool):  # a switch (argparse.BooleanOptionalAction): no value
+            argv.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            argv += [f"--{flag}", str(value)]
     return argv
 
 

@@ -177,6 +177,9 @@ class RequestOutput(Snapshot[OutputCounts]):
     prompt_logprobs: list[TokenLogprob] | None = None
     """When ``SamplingParams.prompt_logprobs`` is set: entry ``i`` is prompt token ``i + 1``'s
     (the first has none). Complete from the first output token on (copied on first read)."""
+    seq_id: str = ""
+    """The engine sequence this is (``RequestSnapshot.id``): ``request_id`` for the first,
+    the fork's own id for the others of ``n`` > 1; empty in an output built by hand."""
 
     @property
     def finished(self) -> bool:
@@ -199,6 +202,7 @@ class RequestOutput(Snapshot[OutputCounts]):
         """The request's output now, in O(1); takes the detokenizer's pending text delta."""
         out = cls.__new__(cls)  # hot: once per request per step; Lazy fields left unset
         out.request_id = seq.request_id
+        out.seq_id = seq.seq_id
         out.index = seq.index
         out.siblings_running = siblings_running
         logprobs = seq.logprobs  # ``out.logprobs`` is Lazy: never assigned here (a slow path)

@@ -17,6 +17,7 @@ from control.api.errors import ApiError
 from control.context import AppContext
 from control.guardrail.rows import ACTOR as GUARDRAIL_ACTOR
 from control.policy.rows import SEED_ACTOR
+from control.requests_text import TextJournal
 from control.runtime import Runtime
 from control.schedules.store import ACTOR_PREFIX as SCHEDULE_ACTOR_PREFIX
 from control.service.protocol import EngineService, ReplicaControl, TestingHooks
@@ -76,6 +77,22 @@ def get_testing(runtime: RuntimeDep) -> TestingHooks:
 
 
 TestingDep = Annotated[TestingHooks, Depends(get_testing)]
+
+
+NO_TEXT = (
+    "the server was started without --expose-text: it keeps no prompt or output text "
+    "(restart it with --expose-text to see requests' text)"
+)
+
+
+def get_text(runtime: RuntimeDep) -> TextJournal:
+    """The requests' text; 409 on a server started without ``--expose-text``."""
+    if runtime.text is None:
+        raise HTTPException(409, NO_TEXT)
+    return runtime.text
+
+
+TextDep = Annotated[TextJournal, Depends(get_text)]
 
 
 def get_db(ctx: ContextDep) -> Iterator[Session]:

@@ -196,6 +196,12 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
         "prefix cache holds; the router's memory of where it sent each prefix stands in for a "
         "late answer (0: no probe, the memory alone, no added latency).",
     )
+    expose_text: bool = Field(
+        False,
+        description="Keep the prompt and output text of the running and the last few finished "
+        "requests in memory for GET /admin/requests/{id} (the console's detail view); off: "
+        "no text is kept at all (make run passes it).",
+    )
     testing: bool = Field(False, description="Expose test-only routes (never in production).")
     log_level: str = "info"
     cors_allow_origins: str | None = Field(

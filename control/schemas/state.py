@@ -65,3 +65,7 @@ class AdminState(BaseModel):
     latency: Latency
     totals: Totals
     recent_reclaims: list[ReclaimRun]
+    text_exposed: bool = Field(
+        description="Whether the server keeps requests' prompt and output text "
+        "(--expose-text; GET /admin/requests/{id})."
+    )

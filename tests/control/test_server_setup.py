@@ -117,3 +117,14 @@ def test_up_passes_secrets_to_the_server_in_its_environment_not_its_command_line
     assert "admin-token-0123456789" not in argv
     assert "api-key-0123456789" not in argv
     assert "--api-key" not in argv and "--admin-token" not in argv
+
+
+def test_up_forwards_switches_to_the_server_as_flags_without_a_value() -> None:
+    from control.cli import build_parser
+    from control.up import serve_argv
+
+    argv = serve_argv(build_parser().parse_args(["up", "--expose-text", "--port", "9"]))
+    assert "--expose-text" in argv and "True" not in argv
+    assert argv[argv.index("--port") + 1] == "9"
+    assert "--no-expose-text" in serve_argv(build_parser().parse_args(["up", "--no-expose-text"]))
+    assert not any("expose" in a for a in serve_argv(build_parser().parse_args(["up"])))

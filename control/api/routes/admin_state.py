@@ -26,6 +26,7 @@ def get_state(runtime: RuntimeDep, session: SessionDep) -> AdminState:
         replicas=replicas,
         replica_totals=ReplicaTotals.of(replicas) if fleet is not None else None,
         restart=fleet.restart_view() if fleet is not None else None,
+        text_exposed=runtime.text is not None,
     )
 
 

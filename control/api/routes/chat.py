@@ -25,6 +25,7 @@ from control.api.prompt_streams import PromptStream
 from control.chat.render import ChatRenderer, RendererBusy
 from control.chat.schemas import ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse
 from control.chat.template import ChatTemplateError
+from control.requests_text import watched
 from engine.admission import check_text_size
 from engine.errors import RequestRejected
 from engine.front import EngineFront
@@ -72,7 +73,7 @@ async def create_chat_completion(
         renamed.code = rejection_code(exc)  # type: ignore[attr-defined]
         raise renamed from exc
     render = Render(body, front)
-    prompt = PromptStream(stream, render)
+    prompt = PromptStream(watched(runtime.text, stream, lambda: text), render)
     return await ANSWERS.answer(
         body, request_id, runtime, [prompt], request, len(token_ids), render.roles()
     )

@@ -14,6 +14,7 @@ logprobs (``SamplingParams.prompt_logprobs``; the first token has none).
 from __future__ import annotations
 
 import uuid
+from functools import partial
 
 from fastapi import APIRouter, Request
 from tokenizers import Tokenizer
@@ -28,6 +29,7 @@ from control.api.limits import (
 )
 from control.api.logprobs import TokenTexts, completion_logprobs
 from control.api.prompt_streams import PromptStream
+from control.requests_text import watched
 from control.schemas.completions import (
     CompletionChoice,
     CompletionLogprobs,
@@ -66,7 +68,11 @@ async def create_completion(
     batch = [QueuedPrompt(tokens, params, rid) for tokens, rid in zip(token_ids, ids, strict=True)]
     streams = runtime.service.add_requests(batch)
     parts = [
-        PromptStream(stream, Render(body, front.tokenizer, prompt, tokens), i * body.n)
+        PromptStream(
+            watched(runtime.text, stream, partial(prompt_text, prompt, front.tokenizer)),
+            Render(body, front.tokenizer, prompt, tokens),
+            i * body.n,
+        )
         for i, (stream, prompt, tokens) in enumerate(zip(streams, prompts, token_ids, strict=True))
     ]
     return await ANSWERS.answer(body, request_id, runtime, parts, request, sum(lengths))
@@ -76,6 +82,15 @@ def prompt_request_ids(request_id: str, prompts: int) -> list[str]:
     """The engine's request id of each prompt: the answer's own for one, ``<id>-<i>`` for a
     batch's (each prompt is a request of its own)."""
     return [request_id] if prompts == 1 else [f"{request_id}-{i}" for i in range(prompts)]
+
+
+def prompt_text(prompt: Prompt, tokenizer: Tokenizer | None) -> str:
+    """A prompt as text: its own, or its token ids decoded (as ``echo`` shows them)."""
+    if isinstance(prompt, str):
+        return prompt
+    if tokenizer is None:
+        return " ".join(map(str, prompt))
+    return tokenizer.decode(prompt, skip_special_tokens=False)
 
 
 def engine_params(body: CompletionRequest) -> SamplingParams:
