@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,7 +87,7 @@ async def first_model(http: httpx.AsyncClient) -> str:
     return model
 
 
-async def events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+async def events(response: httpx.Response) -> AsyncGenerator[dict[str, Any], None]:
     """The stream's JSON events. Lines are split at ``\\n`` here (an SSE line ends there, or
     at ``\\r``): httpx's ``aiter_lines`` also splits at U+2028, U+0085 and the rest of
     ``str.splitlines``'s separators, which a real model's text holds unescaped in the JSON."""

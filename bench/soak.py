@@ -173,8 +173,8 @@ async def one_request(
             outcome.error = (await response.aread()).decode(errors="replace")[:200]
             return outcome
         keep = rng.randint(1, 3)
-        async with contextlib.aclosing(events(response)) as stream:
-            async for event in stream:
+        async with contextlib.aclosing(events(response)) as reader:
+            async for event in reader:
                 if "error" in event:
                     outcome.error = json.dumps(event)[:200]
                     outcome.status = 500
