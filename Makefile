@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 $(VENV): $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/servedeck up --demo-load
+	$(BIN)/servedeck up --demo-load --expose-text
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
