@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from textual.pilot import Pilot
+from textual.widgets import Input
 
 from bench.child_server import free_port
 from tests.tui.recorded import RecordedServer, state_series
@@ -59,6 +60,24 @@ async def poll_times(pilot: Pilot, app: ConsoleApp, count: int) -> None:
         app.poll()
         await wait_for(pilot, lambda n=target: app.polls_ok >= n, what="poll")
     await pilot.pause()
+
+
+@pytest.fixture
+def snap_compare(snap_compare: Callable[..., bool]) -> Callable[..., bool]:
+    """The plugin's ``snap_compare``, with every input's cursor steady before the picture: a
+    focused Input blinks every 0.5 s, so a slow machine could take it either way."""
+
+    def compare(app: ConsoleApp, *, run_before: Callable[[Pilot], object] | None = None, **kw):
+        async def steady(pilot: Pilot) -> None:
+            if run_before is not None:
+                await run_before(pilot)  # type: ignore[misc]
+            for field in pilot.app.screen.query(Input):
+                field.cursor_blink = False  # Textual's public switch; the cursor stays hidden
+            await pilot.pause()
+
+        return snap_compare(app, run_before=steady, **kw)
+
+    return compare
 
 
 @pytest.fixture
