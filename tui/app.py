@@ -18,7 +18,7 @@ from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.timer import Timer
-from textual.widgets import Footer, Input
+from textual.widgets import DataTable, Footer, Input
 
 from tui.bindings import RegistryBindings
 from tui.client import ApiError, ClientError, ConsoleClient, HttpClient
@@ -32,6 +32,7 @@ from tui.screens.help import HelpScreen
 from tui.screens.history import HistoryScreen
 from tui.screens.policy_editor import PolicyEditorScreen
 from tui.screens.polled import PolledScreen
+from tui.screens.request_detail import RequestDetailScreen
 from tui.screens.schedules import SchedulesScreen
 from tui.widgets.block_map import BlockMap
 from tui.widgets.latency_panel import LatencyPanel
@@ -166,6 +167,18 @@ class MainScreen(ConsoleScreen):
             self.notify(f"Cannot open the editor: {exc}", severity="error")
             return
         await self.app.push_screen(PolicyEditorScreen(schema, view, self.read_only))
+
+    def action_request_detail(self) -> None:
+        seq_id = self.query_one(RequestTable).selected_id()
+        if seq_id is None:
+            self.notify("No request selected: the table is empty")
+            return
+        self.app.push_screen(RequestDetailScreen(self.read_only, seq_id))
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if isinstance(event.data_table, RequestTable):
+            event.stop()
+            self.action_request_detail()
 
     def action_history(self) -> None:
         self.app.push_screen(HistoryScreen(self.read_only))

@@ -8,6 +8,7 @@ Tests inject recorded responses either through ``HttpClient(transport=httpx.Mock
 from __future__ import annotations
 
 from typing import Any, Protocol, TypeVar, runtime_checkable
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -23,6 +24,7 @@ from tui.models import (
     PolicyUpdateResult,
     PolicyView,
     ReclaimRun,
+    RequestText,
     ScheduleList,
 )
 
@@ -103,6 +105,7 @@ class ConsoleClient(Protocol):
     async def guardrail(self) -> GuardrailView: ...
     async def guardrail_decisions(self, limit: int = 10) -> DecisionList: ...
     async def update_guardrail(self, update: dict[str, Any]) -> GuardrailView: ...
+    async def request_text(self, seq_id: str) -> RequestText: ...
     async def aclose(self) -> None: ...
 
 
@@ -228,6 +231,12 @@ class HttpClient:
     async def update_guardrail(self, update: dict[str, Any]) -> GuardrailView:
         """PUT the whole config document (``GuardrailUpdate``: the config plus a reason)."""
         return (await self._call("PUT", "/admin/guardrail", GuardrailView, json=update))[0]
+
+    async def request_text(self, seq_id: str) -> RequestText:
+        """One request's prompt and output (409 from a server without ``--expose-text``, 404
+        once its text is dropped); a fork's ``#`` goes in the path encoded."""
+        path = f"/admin/requests/{quote(seq_id, safe='')}"
+        return (await self._call("GET", path, RequestText))[0]
 
     async def aclose(self) -> None:
         await self._http.aclose()

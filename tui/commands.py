@@ -16,11 +16,12 @@ from typing import Literal
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-Scope = Literal["app", "main", "editor", "history", "schedules", "guardrail", "dialog"]
+Scope = Literal["app", "main", "request", "editor", "history", "schedules", "guardrail", "dialog"]
 
 SCOPE_TITLES: dict[Scope, str] = {
     "app": "Everywhere",
     "main": "Main screen",
+    "request": "Request detail",
     "editor": "Policy editor",
     "history": "Policy history",
     "schedules": "Schedules",
@@ -103,6 +104,15 @@ COMMANDS: tuple[Command, ...] = (
         scope="main",
         help="Reverse the request sort order",
         show=False,
+    ),
+    Command(
+        "request_detail",
+        "d",
+        "Detail",
+        "request_detail",
+        scope="main",
+        help="The selected request's prompt and output as it streams (also enter; a server "
+        "started with --expose-text)",
     ),
     Command(
         "replicas",
@@ -197,6 +207,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command("reload_history", "ctrl+l", "Reload", "reload", scope="history", help="Reload"),
     Command("close_history", "escape", "Close", "close", scope="history", help="Back"),
+    Command("close_request", "escape", "Close", "close", scope="request", help="Back"),
     Command("close_schedules", "escape", "Close", "close", scope="schedules", help="Back"),
     Command(
         "kill_guardrail",
@@ -213,6 +224,7 @@ COMMANDS: tuple[Command, ...] = (
 
 
 OPENED_BY: dict[Scope, str] = {
+    "request": "request_detail",
     "editor": "edit_policy",
     "history": "history",
     "schedules": "schedules",

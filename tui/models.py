@@ -105,6 +105,25 @@ class RequestInfo(Model):
     preemptions: int = 0
 
 
+class RequestText(Model):
+    """``GET /admin/requests/{id}``: one sequence's prompt and output as the server keeps them
+    (a server started with ``--expose-text``)."""
+
+    id: str
+    request_id: str = ""
+    state: str = "running"
+    prompt: str = ""
+    prompt_chars: int = 0
+    prompt_truncated: bool = False
+    output: str = ""
+    output_chars: int = 0
+    output_truncated: bool = False
+    max_chars: int = 0
+    finish_reason: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+
+
 class KvStats(Model):
     block_size: int = 16
     total: int = 0
@@ -232,6 +251,8 @@ class AdminState(Model):
     """Each engine replica with ``--replicas``; empty without a fleet."""
     replica_totals: ReplicaTotals | None = None
     restart: FleetRestart | None = None
+    text_exposed: bool = False
+    """Whether the server keeps requests' text (``--expose-text``): the detail view's source."""
 
     @property
     def draining_to(self) -> int | None:

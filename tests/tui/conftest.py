@@ -119,6 +119,7 @@ class LiveServer:
                 "256",
                 "--log-level",
                 "warning",
+                "--expose-text",  # the detail view's source (tests/tui/test_live_server.py)
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

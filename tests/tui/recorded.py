@@ -64,6 +64,8 @@ class RecordedServer:
         self.requests: list[httpx.Request] = []
         self.states = states or [load("state")]
         self.down = False
+        self.text_gone = False
+        """Set to answer the request text as dropped (404), as the server does for an old one."""
         self.routes: dict[tuple[str, str], Handler] = {
             ("GET", "/admin/state"): self._state,
             ("GET", "/admin/jobs"): reply("jobs"),
@@ -95,10 +97,25 @@ class RecordedServer:
         view.update(revision=view["revision"] + 1, actor="admin", reason=body["reason"])
         return httpx.Response(200, json=view)
 
+    def _request_text(self, request: httpx.Request) -> httpx.Response:
+        """``request_text`` for its own id; 409 when the last state served says the text is
+        not exposed, 404 for any other id or once ``text_gone`` is set."""
+        served = [r for r in self.requests if r.url.path == "/admin/state"]
+        state = self.states[min(len(served), len(self.states)) - 1] if served else self.states[0]
+        if not state.get("text_exposed", False):
+            detail = "the server was started without --expose-text: it keeps no text"
+            return httpx.Response(409, json={"detail": detail})
+        body = load("request_text")
+        if self.text_gone or request.url.path != f"/admin/requests/{body['id']}":
+            return httpx.Response(404, json={"detail": "no request kept under that id"})
+        return httpx.Response(200, json=body)
+
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
         if self.down:
             raise httpx.ConnectError("connection refused", request=request)
+        if request.method == "GET" and request.url.path.startswith("/admin/requests/"):
+            return self._request_text(request)
         handler = self.routes.get((request.method, request.url.path))
         if handler is None:
             return httpx.Response(404, json={"detail": "Not Found"})

@@ -22,11 +22,13 @@ from tui.screens.guardrail import GuardrailScreen
 from tui.screens.help import HelpScreen
 from tui.screens.history import HistoryScreen
 from tui.screens.policy_editor import PolicyEditorScreen
+from tui.screens.request_detail import RequestDetailScreen
 from tui.screens.schedules import SchedulesScreen
 
 SCREENS = {
     "app": ConsoleApp,
     "main": MainScreen,
+    "request": RequestDetailScreen,
     "editor": PolicyEditorScreen,
     "history": HistoryScreen,
     "schedules": SchedulesScreen,
@@ -41,7 +43,7 @@ def test_every_command_names_an_action_of_its_scope() -> None:
 
 
 def test_no_key_means_two_things_in_one_place() -> None:
-    for scope in ("main", "editor", "history", "schedules", "guardrail", "dialog"):
+    for scope in ("main", "request", "editor", "history", "schedules", "guardrail", "dialog"):
         keys = [
             key.strip()
             for c in commands_for(scope, read_only=False) + commands_for("app", read_only=False)

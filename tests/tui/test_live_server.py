@@ -16,6 +16,7 @@ from tui.config import ConsoleSettings
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.history import HistoryScreen
 from tui.screens.policy_editor import PolicyEditorScreen
+from tui.screens.request_detail import RequestDetailScreen
 from tui.widgets.queue_panel import QueuePanel
 from tui.widgets.request_table import RequestTable
 from tui.widgets.status_header import StatusHeader
@@ -61,6 +62,35 @@ async def test_shows_the_servers_policy_and_queue(live_server: LiveServer) -> No
         assert f"waiting {state.queue.waiting}  running {state.queue.running}" in queue
         assert {key.value for key in table.rows} == {r.id for r in state.requests}
         assert state.requests and state.queue.waiting + state.queue.running > 0
+        load.join(timeout=120)
+
+
+async def test_detail_follows_a_live_request_to_its_end(live_server: LiveServer) -> None:
+    """``d`` on a running request shows the prompt the server read and the output it streamed,
+    polled until it finishes; what the screen ends with is what the server kept."""
+    app = console(live_server)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.polls_ok >= 1, what="first poll")
+        load = send_load(live_server.url, requests=12, concurrency=6, max_tokens=200)
+        table = app.screen.query_one(RequestTable)
+        await wait_for(pilot, lambda: table.row_count > 0, timeout=30, what="requests shown")
+        await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, RequestDetailScreen), what="detail")
+        screen = app.screen
+        assert isinstance(screen, RequestDetailScreen)
+        await wait_for(pilot, lambda: screen.data is not None, timeout=10, what="its text")
+        assert screen.data is not None and "quick brown fox" in screen.data.prompt
+        await wait_for(
+            pilot,
+            lambda: screen.data is not None and screen.data.state == "finished",
+            timeout=60,
+            what="the request's end, polled",
+        )
+        kept = live_server.admin("GET", f"/requests/{screen.seq_id}").json()
+        shown = str(screen.query_one("#request-output-text").render())
+        assert kept["finish_reason"] == "length" and kept["output_chars"] > 0
+        assert shown == kept["output"]
+        assert "finished (length)" in str(screen.query_one("#request-title").render())
         load.join(timeout=120)
 
 

@@ -140,3 +140,16 @@ def test_main_screen_fleet_one_replica_down(snap_compare) -> None:
         await poll_times(pilot, app, 2)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_request_detail(snap_compare) -> None:
+    app = console(RecordedServer())
+
+    async def run_before(pilot: Pilot) -> None:
+        await poll_times(pilot, app, 1)
+        await pilot.press("down")  # cmpl-002, the recorded text's request
+        await pilot.press("d")
+        await wait_for(pilot, lambda: getattr(app.screen, "data", None) is not None, what="text")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)

@@ -92,6 +92,10 @@ class RequestTable(DataTable[Cell]):
             self.move_cursor(row=self.get_row_index(selected), animate=False, scroll=False)
         self._retitle()
 
+    def selected_id(self) -> str | None:
+        """The id of the request under the cursor (None when the table is empty)."""
+        return self._selected_key()
+
     def _selected_key(self) -> str | None:
         if not self.row_count:
             return None
