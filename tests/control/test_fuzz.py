@@ -1,20 +1,20 @@
 """Schemathesis against the live server's own OpenAPI schema (issue 11: defect 5, "Fuzzing in the
 suite"): the API holds its schema, for every operation, with and without the admin token.
 
-A real ``servedeck serve`` child (tiny checkpoint, ``--max-model-len 256``, 64 KV blocks, the
-admin token) is fuzzed through schemathesis' pytest integration with the configuration of
-``bench.fuzz.fuzz_config``: every response check (``--checks all``: not_a_server_error,
-status_code_conformance, content_type_conformance, response_schema_conformance,
-response_headers_conformance, positive_data_acceptance, negative_data_rejection,
-missing_required_header, ignored_auth, unsupported_method, use_after_free, ...), schema-valid
-and schema-violating cases, a fixed seed, and up to 25 drawn cases per operation and auth in the
-fuzzing phase (``SERVEDECK_FUZZ_EXAMPLES`` raises it: ``python -m bench.fuzz`` is the longer run)
-plus the deterministic ``examples`` and ``coverage`` phases (boundary values, wrong types,
-missing fields: the cases that found defect 5). Each case is booked, never raised, so one run
-lists every distinct failure; ``test_fuzz_found_no_failures`` then asserts there is none.
-With the token, schemathesis' own auth for the admin security scheme sends it where the schema
-asks for it and leaves it out of the cases that test a missing or wrong credential; without it,
-no token is configured (schemathesis still generates wrong ones).
+A real ``servedeck serve`` child (tiny checkpoint, ``--max-model-len 96``, 64 KV blocks, a request
+held to 192 tokens and 8 prompts, the admin token) is fuzzed through schemathesis' pytest
+integration with the configuration of ``bench.fuzz.fuzz_config``: every response check (``--checks
+all``: not_a_server_error, status_code_conformance, content_type_conformance,
+response_schema_conformance, response_headers_conformance, positive_data_acceptance,
+negative_data_rejection, missing_required_header, ignored_auth, unsupported_method, use_after_free,
+...), schema-valid and schema-violating cases, a fixed seed, and up to 25 drawn cases per operation
+and auth in the fuzzing phase (``SERVEDECK_FUZZ_EXAMPLES`` raises it: ``python -m bench.fuzz`` is
+the longer run) plus the deterministic ``examples`` and ``coverage`` phases (boundary values, wrong
+types, missing fields: the cases that found defect 5). Each case is booked, never raised, so one
+run lists every distinct failure; ``test_fuzz_found_no_failures`` then asserts there is none. With
+the token, schemathesis' own auth for the admin security scheme sends it where the schema asks for
+it and leaves it out of the cases that test a missing or wrong credential; without it, no token is
+configured (schemathesis still generates wrong ones).
 
 Left out, on purpose (``bench.fuzz.EXCLUDED_PATHS`` / ``NOT_CHECKED``):
 - ``/admin/testing/*``: test-only fault-injection routes, mounted only with
@@ -70,7 +70,24 @@ def fuzz_server(
     server = ServerProcess(
         tiny_model_dir,
         tmp_path_factory.mktemp("fuzz-server"),
-        ["--admin-token", TOKEN, "--max-model-len", "256", "--num-kv-blocks", "64"],
+        [
+            "--admin-token",
+            TOKEN,
+            # Each case's whole cost bounded, so the cases, not the tokens, take the time: a
+            # request without max_tokens generates up to max_model_len, and the default limits let
+            # one drawn batch hold 32,768 tokens. Every limit is still fuzzed (past it, a
+            # documented 400).
+            "--max-model-len",
+            "96",
+            "--num-kv-blocks",
+            "64",
+            "--max-request-tokens",
+            "192",
+            "--max-batch-prompts",
+            "8",
+            "--max-logprob-entries",
+            "4096",
+        ],
         {},
     )
     server.start()
