@@ -5,8 +5,8 @@ How README's picture is made: start a server with real traffic (``servedeck serv
 the console headless at a fixed size, lets the polls fill the sparklines for ``--wait``
 seconds, presses the given keys (``--keys down,enter`` opens the selected request's detail
 view), waits ``--settle`` seconds more and saves Textual's own SVG screenshot. Turning the SVG
-into a PNG is a separate step with any SVG renderer (``docs/console.md`` names the one used),
-so the console gains no image dependency.
+into a PNG is a separate step with any SVG renderer (docs/operations.md, "The console's
+pictures", names the one used), so the console gains no image dependency.
 """
 
 from __future__ import annotations
