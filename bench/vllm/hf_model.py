@@ -60,12 +60,14 @@ def is_made(out: Path, source: Source) -> bool:
 def convert(gguf: Path, out: Path) -> None:
     """transformers' dequantization of ``gguf`` into ``out`` (float32), model and tokenizer."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     model = AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32
     )
-    model.save_pretrained(out)
+    model.save_pretrained(out, max_shard_size="100GB")  # one model.safetensors
+    if not (out / "generation_config.json").is_file():
+        GenerationConfig.from_model_config(model.config).save_pretrained(out)
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
 
 

@@ -252,9 +252,11 @@ class Server:
 
 def served_model_name(base_url: str) -> str:
     """The first model ``/v1/models`` lists: what the client must name."""
-    with urllib.request.urlopen(f"{base_url}/v1/models", timeout=10) as answer:
-        data = json.load(answer)
-    return str(data["data"][0]["id"])
+    try:
+        with urllib.request.urlopen(f"{base_url}/v1/models", timeout=10) as answer:
+            return str(json.load(answer)["data"][0]["id"])
+    except (OSError, ValueError, LookupError, TypeError) as error:
+        raise ServerError(f"{base_url}/v1/models did not name a model: {error}") from error
 
 
 @dataclass(frozen=True, slots=True)
@@ -485,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ServerError, ResultError) as error:
             print(f"side_by_side: {error}", file=sys.stderr)
             return 1
-        except subprocess.CalledProcessError as error:
+        except subprocess.SubprocessError as error:
             print(f"side_by_side: the client failed ({error}); see {plan.logs}", file=sys.stderr)
             return 1
     (out / "summary.json").write_text(summary.to_json())
