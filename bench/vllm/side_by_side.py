@@ -254,9 +254,11 @@ def served_model_name(base_url: str) -> str:
     """The first model ``/v1/models`` lists: what the client must name."""
     try:
         with urllib.request.urlopen(f"{base_url}/v1/models", timeout=10) as answer:
-            return str(json.load(answer)["data"][0]["id"])
+            name = str(json.load(answer)["data"][0]["id"])
     except (OSError, ValueError, LookupError, TypeError) as error:
         raise ServerError(f"{base_url}/v1/models did not name a model: {error}") from error
+    print(f"[side-by-side] {base_url}/v1/models: {name}", flush=True)
+    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,6 +342,21 @@ def run_once(plan: Plan, engine: Engine, spec: WorkloadSpec, index: int) -> RunR
     return RunRecord(
         spec.name, engine, index, round(startup_s, 1), f"raw/{name}.json", shlex.join(command)
     )
+
+
+def smoke(plan: Plan) -> int:
+    """vLLM alone, once: started, ``/v1/models`` asked, a 4-prompt burst, stopped."""
+    spec = WorkloadSpec("smoke", 4, None, 1)
+    started = time.monotonic()
+    record = run_once(plan, "vllm", spec, 0)
+    result = read_result(plan.out / record.result_file)
+    print(
+        f"[side-by-side] smoke: vLLM {plan.peer.vllm_version} ready in {record.startup_s:.0f} s, "
+        f"{result.completed}/{result.num_prompts} completed ({result.failed} failed), "
+        f"{result.output_throughput:.1f} output tok/s, TTFT p50 {result.median_ttft_ms:.0f} ms; "
+        f"{time.monotonic() - started:.0f} s in all; {plan.out}"
+    )
+    return 0 if result.completed == result.num_prompts else 1
 
 
 def git_commit() -> str:
@@ -455,6 +472,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--poisson-runs", type=int, default=2, help="runs per rate per engine")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, help="default bench/results/vllm/<dtype>")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="only check the peer: vLLM started once, 4 prompts, no servedeck, no summary",
+    )
     return parser.parse_args(argv)
 
 
@@ -466,7 +488,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"side_by_side: {error}", file=sys.stderr)
         return 2
     model_dir = ensure_hf_model(args.model_dir, args.gguf)
-    out: Path = args.out or ROOT / "bench" / "results" / "vllm" / args.dtype
+    default_out = Path(tempfile.gettempdir()) / "servedeck-vllm-smoke" if args.smoke else None
+    out: Path = args.out or default_out or ROOT / "bench" / "results" / "vllm" / args.dtype
     specs = workloads(
         args.bursts, args.burst, args.poisson_rates, args.poisson_requests, args.poisson_runs
     )
@@ -483,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
         plan.raw.mkdir(parents=True, exist_ok=True)
         plan.logs.mkdir(parents=True, exist_ok=True)
         try:
+            if args.smoke:
+                return smoke(plan)
             summary = run_all(plan, specs)
         except (ServerError, ResultError) as error:
             print(f"side_by_side: {error}", file=sys.stderr)

@@ -78,7 +78,6 @@ fi
 
 echo "vLLM CPU peer venv ready in $DIR ($(version_of vllm), torch $(version_of torch)," \
     "$(($(date +%s) - started)) s)"
-echo "use it with:"
-echo "  PYTHONPATH=. .venv/bin/python -m bench.vllm.hf_model --out bench/results/vllm/model"
-echo "  PYTHONPATH=. .venv/bin/python -m bench.vllm.side_by_side --peer-venv $DIR \\"
-echo "      --model-dir bench/results/vllm/model"
+echo "use it with (from the repository root, the project's venv):"
+echo "  PYTHONPATH=. .venv/bin/python -m bench.vllm.side_by_side --peer-venv $DIR --smoke"
+echo "  PYTHONPATH=. .venv/bin/python -m bench.vllm.side_by_side --peer-venv $DIR [--dtype bfloat16]"
