@@ -58,16 +58,28 @@ def is_made(out: Path, source: Source) -> bool:
 
 
 def convert(gguf: Path, out: Path) -> None:
-    """transformers' dequantization of ``gguf`` into ``out`` (float32), model and tokenizer."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    """transformers' dequantization of ``gguf`` into ``out`` (float32), model and tokenizer.
 
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    transformers loads a GGUF behind its GGUF quantizer and refuses to save a model that still
+    holds one, even dequantized; so the dense weights are copied (every key, strictly) into a
+    plain model built from the same config, and that one is saved."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    loaded = AutoModelForCausalLM.from_pretrained(
+        gguf.parent,
+        gguf_file=gguf.name,
+        dtype=torch.float32,
+        quantization_config=GgufConfig(dequantize=True),
     )
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), strict=True)
+    model.config.architectures = [type(model).__name__]
+    model.generation_config = loaded.generation_config
     model.save_pretrained(out, max_shard_size="100GB")  # one model.safetensors
-    if not (out / "generation_config.json").is_file():
-        GenerationConfig.from_model_config(model.config).save_pretrained(out)
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
 
 
