@@ -62,9 +62,6 @@ INPUT_LEN = 256
 RANGE_RATIO = 0.25
 OUTPUT_LEN = 128
 SEED = 42
-READY_CHECK_S = 120
-"""The client's own ready check: one request (the first prompt) before timing starts, the
-same warm-up for both servers."""
 READY_PATH: dict[Engine, str] = {"vllm": "/health", "servedeck": "/ready"}
 
 
@@ -191,7 +188,6 @@ def bench_command(
         "--request-rate", spec.rate_arg,
         "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--metric-percentiles", "50,90,99",
-        "--ready-check-timeout-sec", str(READY_CHECK_S),
         "--disable-tqdm",
         "--save-result",
         "--result-dir", str(result_dir),
@@ -312,7 +308,10 @@ def start(plan: Plan, engine: Engine, name: str) -> tuple[Server, str, float]:
 
 
 def run_once(plan: Plan, engine: Engine, spec: WorkloadSpec, index: int) -> RunRecord:
-    """A fresh server, one client run against it, the server stopped."""
+    """A fresh server, one client run against it, the server stopped. The client sends no
+    warm-up (no ``--ready-check-timeout-sec``, no ``--num-warmups``): its warm-up request is
+    the first prompt, which a prefix cache would then serve to the timed run; the server is
+    already ready (``/health``, ``/ready``) when the client starts."""
     name = f"{spec.name}-{engine}-{index}"
     print(f"[side-by-side] {name}: starting {engine}", flush=True)
     server, url, startup_s = start(plan, engine, name)
