@@ -58,8 +58,8 @@ def test_a_result_file_reads_the_keys_vllm_writes() -> None:
     vllm = _results()["vllm"]
     assert vllm.request_rate is None  # "inf": a burst
     assert (vllm.num_prompts, vllm.completed, vllm.failed) == (64, 64, 0)
-    assert vllm.total_output_tokens == 8192
-    assert vllm.output_throughput == pytest.approx(8192 / 44.28)
+    assert vllm.total_output_tokens == 8237  # 128 ± 25 % each
+    assert vllm.output_throughput == pytest.approx(8237 / 44.28)
     assert (vllm.median_ttft_ms, vllm.p99_ttft_ms) == (11843.2, 22307.9)
     assert (vllm.median_tpot_ms, vllm.p99_itl_ms) == (263.41, 1520.4)
 
@@ -87,11 +87,11 @@ def test_the_summary_gives_medians_spreads_and_the_ratio() -> None:
     spec = dataclasses.replace(BURST, runs=3)
     summary = summarize_workload(spec, results, ModelShape.from_config(SMOLLM2_CONFIG), _probe())
     vllm = summary.vllm.output_throughput
-    assert vllm.median == pytest.approx(8192 / 44.28)
+    assert vllm.median == pytest.approx(8237 / 44.28)
     assert (vllm.low, vllm.high) == (150.0, 190.0)
     assert summary.vllm.median_ttft_ms.median == 11843.2
     assert summary.vllm.runs == 3 and summary.vllm.completed == 192
-    assert summary.ratio == pytest.approx((8192 / 83.59) / (8192 / 44.28))
+    assert summary.ratio == pytest.approx((8237 / 83.59) / (8237 / 44.28))
     assert summary.servedeck.p99_itl_ms.median == 574.2
 
 
@@ -119,12 +119,12 @@ def test_the_workloads_roofline_uses_both_probes() -> None:
     shape = ModelShape.from_config(SMOLLM2_CONFIG)
     results = _one_run_each()
     roofline = summarize_workload(BURST, results, shape, _probe()).roofline
-    flop = workload_flop(shape, 16_398, 8_192)
-    assert (roofline.prompt_tokens, roofline.output_tokens, roofline.flop) == (16_398, 8_192, flop)
-    assert roofline.ceiling_tok_s_before == pytest.approx(ceiling_tok_s(flop, 8_192, 210.0))
-    assert roofline.ceiling_tok_s_after == pytest.approx(ceiling_tok_s(flop, 8_192, 190.0))
-    assert roofline.ceiling_tok_s == pytest.approx(ceiling_tok_s(flop, 8_192, 200.0))
-    assert roofline.vllm_fraction == pytest.approx((8192 / 44.28) / roofline.ceiling_tok_s)
+    flop = workload_flop(shape, 16_398, 8_237)
+    assert (roofline.prompt_tokens, roofline.output_tokens, roofline.flop) == (16_398, 8_237, flop)
+    assert roofline.ceiling_tok_s_before == pytest.approx(ceiling_tok_s(flop, 8_237, 210.0))
+    assert roofline.ceiling_tok_s_after == pytest.approx(ceiling_tok_s(flop, 8_237, 190.0))
+    assert roofline.ceiling_tok_s == pytest.approx(ceiling_tok_s(flop, 8_237, 200.0))
+    assert roofline.vllm_fraction == pytest.approx((8237 / 44.28) / roofline.ceiling_tok_s)
 
 
 def test_workloads_alternate_names_and_rates() -> None:
@@ -139,8 +139,8 @@ def test_workloads_alternate_names_and_rates() -> None:
 def test_the_markdown_and_json_hold_every_figure() -> None:
     summary = _summary()
     text = markdown(summary)
-    assert "| burst-64 | servedeck | 1 | 98.0 (98.0–98.0) | **0.53** |" in text
-    assert "| burst-64 | vllm | 1 | 185.0 (185.0–185.0) |" in text
+    assert "| burst-64 | servedeck | 1 | 98.5 (98.5–98.5) | **0.53** |" in text
+    assert "| burst-64 | vllm | 1 | 186.0 (186.0–186.0) |" in text
     assert "210.0 GFLOP/s before, 190.0 after" in text
     assert "- vllm_version: `0.32.0+cpu`" in text
     assert "load average at start [1.0, 0.9, 0.8], at end [1.9, 1.5, 1.0]" in text
