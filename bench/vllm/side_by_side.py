@@ -212,7 +212,7 @@ class Server:
             self.proc = subprocess.Popen(
                 command,
                 cwd=cwd,
-                env={**os.environ, **env},
+                env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -230,7 +230,7 @@ class Server:
                         return time.monotonic() - started
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
-            time.sleep(0.5)  # a readiness probe's pace, not a synchronisation
+            time.sleep(0.2)  # a readiness probe's pace, not a synchronisation
         raise ServerError(f"not ready after {timeout_s:.0f} s; see {self.log}")
 
     def stop(self) -> None:
@@ -282,7 +282,7 @@ def start(plan: Plan, engine: Engine, name: str) -> tuple[Server, str, float]:
     log = plan.logs / f"{name}.log"
     if engine == "vllm":
         command = vllm_serve_command(plan.peer, plan.model_dir, plan.dtype, port)
-        env = vllm_env(plan.threads)
+        env = {**os.environ, **vllm_env(plan.threads)}
         cwd = plan.work
     else:
         home = plan.work / name
@@ -290,7 +290,8 @@ def start(plan: Plan, engine: Engine, name: str) -> tuple[Server, str, float]:
         command = servedeck_serve_command(
             plan.servedeck_model, plan.dtype, plan.threads, port, home
         )
-        env = {
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SERVEDECK_")}
+        env |= {
             "PYTHONPATH": str(ROOT),
             "SERVEDECK_HOME": str(home),
             "HF_HUB_OFFLINE": "1",
@@ -514,11 +515,16 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.SubprocessError as error:
             print(f"side_by_side: the client failed ({error}); see {plan.logs}", file=sys.stderr)
             return 1
+    print(write_summary(out, summary))
+    return 0
+
+
+def write_summary(out: Path, summary: Summary) -> str:
+    """``summary.json`` and ``summary.md`` in ``out``; returns the markdown."""
     (out / "summary.json").write_text(summary.to_json())
     text = markdown(summary)
     (out / "summary.md").write_text(text)
-    print(text)
-    return 0
+    return text
 
 
 if __name__ == "__main__":

@@ -283,3 +283,90 @@ def _after(command: list[str], flag: str) -> str:
 def _script(path: Path, body: str) -> None:
     path.write_text(f"#!/bin/sh\n{body}\n")
     os.chmod(path, 0o755)
+
+
+FAKE_VLLM = '''
+"""A stand-in for the peer venv's ``vllm``: ``serve`` answers /health, /ready and /v1/models;
+``bench serve`` writes a recorded result file, as vLLM 0.32.0's client does."""
+import json, sys, urllib.request
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+args = sys.argv[1:]
+def after(flag):
+    return args[args.index(flag) + 1]
+
+if args[0] == "serve":
+    name = Path(args[1]).name
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"data": [{"id": name}]}).encode()
+            self.send_response(200 if self.path in ("/health", "/ready", "/v1/models") else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    HTTPServer(("127.0.0.1", int(after("--port"))), Handler).serve_forever()
+else:
+    assert args[:2] == ["bench", "serve"], args
+    with urllib.request.urlopen(after("--base-url") + "/v1/models") as answer:
+        assert json.load(answer)["data"][0]["id"] == after("--model")
+    result = json.loads(Path(RECORDED).read_text())
+    result["num_prompts"] = result["completed"] = int(after("--num-prompts"))
+    rate = after("--request-rate")
+    result["request_rate"] = rate if rate == "inf" else float(rate)
+    Path(after("--result-dir"), after("--result-filename")).write_text(json.dumps(result))
+'''
+
+
+def test_the_runs_alternate_on_fresh_servers_and_the_summary_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    recorded = FIXTURES / "burst-64-vllm-0.json"
+    vllm = venv / "bin" / "vllm"
+    vllm.write_text(f"#!{sys.executable}\nRECORDED = {str(recorded)!r}\n{FAKE_VLLM}")
+    os.chmod(vllm, 0o755)
+    _script(venv / "bin" / "python", 'printf "0.32.0+cpu\\n2.13.0+cpu\\n"')
+    model = tmp_path / "SmolLM2"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
+
+    def fake_servedeck(model: Path, dtype: str, threads: int, port: int, work: Path) -> list[str]:
+        return [str(vllm), "serve", str(model), "--port", str(port)]
+
+    monkeypatch.setattr(side_by_side, "servedeck_serve_command", fake_servedeck)
+    monkeypatch.setattr(side_by_side, "probe_gflops", lambda threads: 200.0)
+    plan = side_by_side.Plan(
+        peer=side_by_side.check_peer_venv(venv),
+        model_dir=model,
+        servedeck_model=model,
+        dtype="float32",
+        threads=2,
+        out=tmp_path / "out",
+        work=tmp_path / "work",
+    )
+    for folder in (plan.raw, plan.logs, plan.work):
+        folder.mkdir(parents=True)
+    summary = side_by_side.run_all(plan, workloads(2, 64, [3.0], 10, 1))
+    assert [(r.workload, r.engine, r.index) for r in summary.runs] == [
+        ("burst-64", "vllm", 0),
+        ("burst-64", "servedeck", 0),
+        ("burst-64", "vllm", 1),
+        ("burst-64", "servedeck", 1),
+        ("poisson-3", "vllm", 0),
+        ("poisson-3", "servedeck", 0),
+    ]
+    burst, poisson = summary.workloads
+    assert burst.vllm.runs == 2 and burst.ratio == pytest.approx(1.0)
+    assert poisson.servedeck.completed == 10
+    assert "--request-rate 3" in summary.runs[-1].command
+    assert summary.probe == Probe(200.0, 200.0)
+    text = side_by_side.write_summary(plan.out, summary)
+    assert (plan.out / "summary.md").read_text() == text
+    assert json.loads((plan.out / "summary.json").read_text())["settings"]["threads"] == 2
+    assert len(list(plan.raw.glob("*.json"))) == 6
