@@ -5,7 +5,7 @@ made from the shipped SmolLM2 GGUF), one server at a time, each run on a freshly
 (the client's seeded prompts are the same in every run, and both engines cache prefixes: a
 server kept across runs would serve later runs from its cache), alternated vLLM, servedeck,
 vLLM, servedeck... for each workload. Every run is ``vllm bench serve`` from the peer venv
-(random 256 ± 25 % prompt tokens, 128 output tokens, ``--ignore-eos``, seed 42), and the
+(random 256 ± 25 % prompt tokens, 128 ± 25 % output tokens, ``--ignore-eos``, seed 42), and the
 summary (``summary.json``, ``summary.md`` in ``--out``) sets the two side by side with the
 ratio and the roofline from this machine's own matrix probe before and after.
 
