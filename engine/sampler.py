@@ -13,8 +13,9 @@ Numerically safe for every value ``SamplingParams`` accepts:
 - NaN logits count as ``-inf`` and ``+inf`` as the largest float; a row with no finite
   logit left fails.
 
-Rows are sampled one by one inside ``try``: a row that still fails ends only its own request
-(``StepResult.failed``), never its neighbours.
+Rows that only scale by a temperature are sampled together (``sample_plain``); the others (top-k,
+top-p, a seed of their own) one by one inside ``try``: a row that still fails ends only its own
+request (``StepResult.failed``), never its neighbours.
 
 Log-probabilities (``SamplingParams.logprobs``) are of the raw distribution, a log-softmax of
 the logits before temperature, top-k and top-p, as other OpenAI-compatible servers return by
@@ -48,12 +49,15 @@ class Sampler:
         tokens = argmax.tolist()
         failed: dict[str, str] = {}
         want: list[int] = []
+        drawn = self.sample_plain(logits, seqs, finite)
         for row, seq in enumerate(seqs):
             params = seq.params
             try:
                 if not finite[row]:
                     raise ValueError("the model produced no finite logit (all NaN or -inf)")
-                if not params.greedy:
+                if row in drawn:
+                    tokens[row] = drawn[row]
+                elif not params.greedy:
                     tokens[row] = self.sample_row(logits[row], seq)
             except Exception as exc:  # this row only: its request ends with the error
                 tokens[row] = FAILED_TOKEN
@@ -79,6 +83,43 @@ class Sampler:
             out[row] = entry
         return out
 
+    def sample_plain(
+        self, logits: torch.Tensor, seqs: list[Sequence], finite: list[bool]
+    ) -> dict[int, int]:
+        """The rows that only scale by a temperature (no top-k, no top-p, no seed of their own)
+        sampled together: one softmax and one inverse-transform draw over ``[rows, vocab]`` from
+        the engine's generator, instead of one each (a 49k vocabulary made the per-row loop a tenth
+        of a decode step). ``row -> token``; empty when such a batch fails, and then every row is
+        sampled alone, so a failure stays its own row's."""
+        vocab = logits.shape[-1]
+        rows = [
+            row
+            for row, seq in enumerate(seqs)
+            if finite[row] and seq.generator is None and _plain(seq, vocab)
+        ]
+        if len(rows) < 2:
+            return {}
+        try:
+            picked = logits.index_select(0, torch.tensor(rows, device=logits.device))
+            temperatures = torch.tensor(
+                [seqs[r].params.temperature for r in rows], device=logits.device
+            )
+            scores = (picked - picked.max(dim=-1, keepdim=True).values) / temperatures[:, None]
+            # Inverse transform: one uniform per row against the row's cumulative sum (float64,
+            # so a 49k vocabulary's tail keeps its mass). torch.multinomial, or an exponential
+            # race, draws a random number per token: 54 ms on [64, 49152], this 8 ms.
+            cdf = torch.softmax(scores, dim=-1).double().cumsum_(dim=-1)
+            uniform = torch.rand(
+                len(rows), 1, generator=self.generator, dtype=cdf.dtype, device=cdf.device
+            )
+            # right=True: the first token whose cumulative sum passes u, so a token of
+            # probability 0 (an empty step in the sum) is never drawn, not even at u = 0.
+            drawn = torch.searchsorted(cdf, uniform.mul_(cdf[:, -1:]), right=True)
+            tokens = drawn.clamp_(max=logits.shape[-1] - 1)[:, 0].tolist()
+        except RuntimeError:
+            return {}
+        return dict(zip(rows, tokens, strict=True))
+
     def sample_row(self, logits: torch.Tensor, seq: Sequence) -> int:
         """Sample one row (finite maximum guaranteed by the caller)."""
         params = seq.params
@@ -96,6 +137,11 @@ class Sampler:
             probs = torch.zeros_like(sorted_probs).scatter_(-1, order, sorted_probs)
         generator = seq.generator or self.generator
         return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def _plain(seq: Sequence, vocab: int) -> bool:
+    params = seq.params
+    return not params.greedy and not 0 < params.top_k < vocab and params.top_p >= 1.0
 
 
 def token_logprobs(
