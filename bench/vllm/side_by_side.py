@@ -490,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = ensure_hf_model(args.model_dir, args.gguf)
     default_out = Path(tempfile.gettempdir()) / "servedeck-vllm-smoke" if args.smoke else None
     out: Path = args.out or default_out or ROOT / "bench" / "results" / "vllm" / args.dtype
+    out = out.resolve()  # the client runs in a folder of its own: a relative --out would miss
     specs = workloads(
         args.bursts, args.burst, args.poisson_rates, args.poisson_requests, args.poisson_runs
     )
