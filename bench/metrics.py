@@ -72,6 +72,35 @@ def distribution(name: str, values: Sequence[float]) -> dict[str, float | None]:
     return out
 
 
+VLLM_LATENCIES = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2el"}
+"""Our latency names -> ``vllm bench serve``'s (its end-to-end latency is ``e2el``)."""
+
+
+def vllm_result_keys(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The same figures under the keys of ``vllm bench serve --save-result``, so a result can be
+    read beside vLLM's own: ``total_input_tokens``, ``output_throughput``, ``total_token_
+    throughput``, ``request_goodput``, and per latency ``mean_X_ms``, ``median_X_ms`` and
+    ``pNN_X_ms`` in milliseconds (vLLM's ``std_X_ms`` has no counterpart here)."""
+    out: dict[str, Any] = {
+        "duration": metrics["duration_s"],
+        "total_input_tokens": metrics["prompt_tokens"],
+        "total_output_tokens": metrics["output_tokens"],
+        "total_token_throughput": metrics["total_throughput"],
+    }
+    if "goodput" in metrics:
+        out["request_goodput"] = metrics["goodput"]
+    for ours, theirs in VLLM_LATENCIES.items():
+        out[f"mean_{theirs}_ms"] = _ms(metrics.get(f"{ours}_mean"))
+        out[f"median_{theirs}_ms"] = _ms(metrics.get(f"{ours}_p50"))
+        for q in QUANTILES:
+            out[f"p{q}_{theirs}_ms"] = _ms(metrics.get(f"{ours}_p{q}"))
+    return out
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
 def request_metrics(
     records: Sequence[RequestRecord], duration: float, slo: Slo | None
 ) -> dict[str, Any]:
@@ -95,6 +124,7 @@ def request_metrics(
     out |= distribution("queue_time", _present(r.metrics.queue_time for r in done))
     if slo is not None:
         out["goodput"] = ratio(sum(1 for r in done if slo.met_by(r)), duration)
+    out |= vllm_result_keys(out)
     tags = sorted({r.tag for r in done if r.tag})
     for tag in tags:
         ttfts = _present(r.metrics.ttft for r in done if r.tag == tag)

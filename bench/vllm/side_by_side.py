@@ -372,13 +372,14 @@ def git_commit() -> str:
     return answer.stdout.strip() or "unknown"
 
 
-def probe_gflops(threads: int) -> float:
+def probe_gflops(threads: int, dtype: str = "float32") -> float:
+    """The matrix probe in the run's dtype, so a bfloat16 run's ceiling is bfloat16's."""
     import torch
 
     from bench.machine import matmul_gflops
 
     torch.set_num_threads(threads)
-    return round(matmul_gflops(), 1)
+    return round(matmul_gflops(dtype=getattr(torch, dtype)), 1)
 
 
 def settings_of(plan: Plan) -> Settings:
@@ -421,7 +422,7 @@ def run_all(plan: Plan, specs: list[WorkloadSpec]) -> Summary:
     from bench.machine import load_average
 
     load_start = load_average()
-    before = probe_gflops(plan.threads)
+    before = probe_gflops(plan.threads, plan.dtype)
     records: list[RunRecord] = []
     results: dict[str, dict[Engine, list[BenchResult]]] = {}
     for spec in specs:
@@ -431,7 +432,7 @@ def run_all(plan: Plan, specs: list[WorkloadSpec]) -> Summary:
                 record = run_once(plan, engine, spec, index)
                 records.append(record)
                 results[spec.name][engine].append(read_result(plan.out / record.result_file))
-    after = probe_gflops(plan.threads)
+    after = probe_gflops(plan.threads, plan.dtype)
     probe = Probe(before_gflops=before, after_gflops=after)
     shape = ModelShape.from_config(json.loads((plan.model_dir / "config.json").read_text()))
     return Summary(

@@ -211,7 +211,8 @@ def ceiling_tok_s(flop: float, output_tokens: int, gflops: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """``bench.machine.matmul_gflops`` with the run's threads, before and after all runs."""
+    """``bench.machine.matmul_gflops`` with the run's threads and dtype, before and after all
+    runs."""
 
     before_gflops: float
     after_gflops: float
@@ -403,7 +404,7 @@ def markdown(summary: Summary) -> str:
         "",
         "## Roofline",
         "",
-        f"Matrix probe (`bench.machine.matmul_gflops`, {s.threads} threads): "
+        f"Matrix probe (`bench.machine.matmul_gflops`, {s.threads} threads, {s.dtype}): "
         f"{p.before_gflops:.1f} GFLOP/s before, {p.after_gflops:.1f} after. Weight products "
         f"only: {shape.params_without_lm_head / 1e6:.1f} M parameters per prompt token, "
         f"{shape.params_with_lm_head / 1e6:.1f} M with the lm-head per output token "

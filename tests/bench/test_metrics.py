@@ -124,3 +124,18 @@ def test_engine_overhead_leaves_out_the_bench_bookkeeping():
     t = trace(steps, tokens)
     assert overhead(t) == pytest.approx((1.95 - 1.4) / 1.95)
     assert overhead(t, min_seqs=32) == pytest.approx((0.95 - 0.9) / 0.95)
+
+
+def test_results_carry_vllm_bench_serves_keys_in_its_units() -> None:
+    """The same figures under ``vllm bench serve``'s names: milliseconds, ``e2el``, goodput."""
+    records = [record(0.0, [1.0, 2.0], prompt=10), record(0.0, [1.0, 1.5, 4.0], prompt=6, index=1)]
+    m = request_metrics(records, duration=4.0, slo=Slo(2.0, 2.0))
+    assert m["output_throughput"] == pytest.approx(5 / 4)  # the same key, already vLLM's
+    assert m["total_token_throughput"] == m["total_throughput"]
+    assert (m["total_input_tokens"], m["total_output_tokens"], m["duration"]) == (16, 5, 4.0)
+    assert m["median_ttft_ms"] == pytest.approx(1000.0)
+    assert m["p99_ttft_ms"] == pytest.approx(m["ttft_p99"] * 1000)
+    assert m["mean_tpot_ms"] == pytest.approx(m["tpot_mean"] * 1000)
+    assert m["median_itl_ms"] == pytest.approx(1000.0)
+    assert m["median_e2el_ms"] == pytest.approx(3000.0)
+    assert m["request_goodput"] == m["goodput"]
