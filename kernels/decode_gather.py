@@ -257,8 +257,9 @@ class DecodeGatherCache:
             old, old_width = bucket.buffers, bucket.width
             kept = [s for s in bucket.slots if s.valid]
             bucket.capacity, bucket.width = capacity, new_width
-            bucket.buffers = self._allocate(capacity, new_width)
-            if old and kept and self._per_layer(self._buckets):
+            copying = bool(old and kept) and self._per_layer(self._buckets)
+            bucket.buffers = self._allocate(capacity, new_width, zeroed=not copying)
+            if copying:
                 self.regrows += 1
                 self._copy_over(old, bucket, len(bucket.slots), old_width)
             else:
@@ -271,12 +272,19 @@ class DecodeGatherCache:
         cache = self.kv_caches[0]
         heads, per = cache.shape[3], self.block_size * cache.shape[4]
         kept = min(width, bucket.width)
+        done: set[int] = set()
         for before, after in zip(old, bucket.buffers, strict=True):
             for src, dst in zip(before, after, strict=True):
+                if id(dst) in done:  # layers share one pair past the budget
+                    continue
+                done.add(id(dst))
                 src_view = src.view(-1, heads, width, per)
                 dst_view = dst.view(bucket.capacity, heads, bucket.width, per)
                 count = min(rows, src_view.shape[0])
                 dst_view[:count, :, :kept].copy_(src_view[:count, :, :kept])
+                # the new buffers come unzeroed: what the copy did not write is zeroed here
+                dst_view[:count, :, kept:].zero_()
+                dst_view[count:].zero_()
 
     def _per_layer(self, buckets: list[_Bucket]) -> bool:
         cache = self.kv_caches[0]
@@ -284,16 +292,19 @@ class DecodeGatherCache:
         slots = sum(b.capacity * b.width for b in buckets)
         return 2 * len(self.kv_caches) * slots * per_block <= self.budget_bytes
 
-    def _allocate(self, capacity: int, width: int) -> list[BufferPair]:
-        """Zeroed: masked positions are still multiplied, and garbage could be NaN."""
+    def _allocate(self, capacity: int, width: int, zeroed: bool = True) -> list[BufferPair]:
+        """Zeroed, unless the caller writes every element (``_copy_over`` copies the kept rows
+        and zeroes the rest: zeroing all of them first cost as much again): masked positions
+        are still multiplied, and garbage could be NaN."""
         cache = self.kv_caches[0]
         size = capacity * width * cache.shape[2] * cache.shape[3] * cache.shape[4]
+        make = torch.zeros if zeroed else torch.empty
         buffers: list[BufferPair] = []
         for layer in self.kv_caches:
             if not buffers or self._per_layer(self._buckets):
                 pair = (
-                    torch.zeros(size, dtype=layer.dtype, device=layer.device),
-                    torch.zeros(size, dtype=layer.dtype, device=layer.device),
+                    make(size, dtype=layer.dtype, device=layer.device),
+                    make(size, dtype=layer.dtype, device=layer.device),
                 )
             buffers.append(pair)
         return buffers

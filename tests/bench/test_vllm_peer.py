@@ -340,7 +340,7 @@ def test_the_runs_alternate_on_fresh_servers_and_the_summary_is_written(
         return [str(vllm), "serve", str(model), "--port", str(port)]
 
     monkeypatch.setattr(side_by_side, "servedeck_serve_command", fake_servedeck)
-    monkeypatch.setattr(side_by_side, "probe_gflops", lambda threads: 200.0)
+    monkeypatch.setattr(side_by_side, "probe_gflops", lambda threads, dtype: 200.0)
     plan = side_by_side.Plan(
         peer=side_by_side.check_peer_venv(venv),
         model_dir=model,
