@@ -272,12 +272,8 @@ class DecodeGatherCache:
         cache = self.kv_caches[0]
         heads, per = cache.shape[3], self.block_size * cache.shape[4]
         kept = min(width, bucket.width)
-        done: set[int] = set()
         for before, after in zip(old, bucket.buffers, strict=True):
             for src, dst in zip(before, after, strict=True):
-                if id(dst) in done:  # layers share one pair past the budget
-                    continue
-                done.add(id(dst))
                 src_view = src.view(-1, heads, width, per)
                 dst_view = dst.view(bucket.capacity, heads, bucket.width, per)
                 count = min(rows, src_view.shape[0])
