@@ -81,9 +81,13 @@ class RecordedServer:
             ("PUT", "/admin/guardrail"): self._put_guardrail,
         }
 
-    def _state(self, request: httpx.Request) -> httpx.Response:
+    def _last_state(self) -> dict[str, Any]:
+        """The state served last (the first one before any is served)."""
         served = sum(1 for r in self.requests if r.url.path == "/admin/state")
-        return httpx.Response(200, json=self.states[min(served, len(self.states)) - 1])
+        return self.states[max(min(served, len(self.states)) - 1, 0)]
+
+    def _state(self, request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=self._last_state())
 
     def _put(self, request: httpx.Request) -> httpx.Response:
         dry = request.url.params.get("dry_run") == "true"
@@ -100,9 +104,7 @@ class RecordedServer:
     def _request_text(self, request: httpx.Request) -> httpx.Response:
         """``request_text`` for its own id; 409 when the last state served says the text is
         not exposed, 404 for any other id or once ``text_gone`` is set."""
-        served = [r for r in self.requests if r.url.path == "/admin/state"]
-        state = self.states[min(len(served), len(self.states)) - 1] if served else self.states[0]
-        if not state.get("text_exposed", False):
+        if not self._last_state().get("text_exposed", False):
             detail = "the server was started without --expose-text: it keeps no text"
             return httpx.Response(409, json={"detail": detail})
         body = load("request_text")

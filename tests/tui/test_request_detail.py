@@ -28,21 +28,23 @@ def text_asks(server: RecordedServer) -> list[str]:
     return [r.url.path for r in server.requests if r.url.path.startswith("/admin/requests/")]
 
 
-async def select(pilot, app: ConsoleApp, seq_id: str) -> None:
-    table = app.screen.query_one(RequestTable)
-    table.move_cursor(row=table.get_row_index(seq_id))
-    await pilot.pause()
-    assert table.selected_id() == seq_id
+async def open_detail(pilot, app: ConsoleApp, seq_id: str | None = None, key: str = "d") -> None:
+    """After the first poll: the cursor on ``seq_id`` (when given), ``key``, the detail on top."""
+    await poll_times(pilot, app, 1)
+    if seq_id is not None:
+        table = app.screen.query_one(RequestTable)
+        table.move_cursor(row=table.get_row_index(seq_id))
+        await pilot.pause()
+        assert table.selected_id() == seq_id
+    await pilot.press(key)
+    await wait_for(pilot, lambda: isinstance(app.screen, RequestDetailScreen), what="detail")
 
 
 async def test_d_shows_the_selected_requests_prompt_and_output() -> None:
     server = RecordedServer()
     app = console(server, read_only=True)  # reading text changes nothing: read-only has it
     async with app.run_test(size=(120, 40)) as pilot:
-        await poll_times(pilot, app, 1)
-        await select(pilot, app, SHOWN["id"])
-        await pilot.press("d")
-        await wait_for(pilot, lambda: isinstance(app.screen, RequestDetailScreen), what="detail")
+        await open_detail(pilot, app, SHOWN["id"])
         await wait_for(pilot, lambda: app.screen.data is not None, what="its text")
         assert text_asks(server) == [f"/admin/requests/{SHOWN['id']}"]
         assert text_of(app, "#request-prompt-text") == SHOWN["prompt"]
@@ -61,10 +63,7 @@ async def test_enter_on_a_row_opens_it_too() -> None:
     server = RecordedServer()
     app = console(server)
     async with app.run_test(size=(120, 40)) as pilot:
-        await poll_times(pilot, app, 1)
-        await select(pilot, app, SHOWN["id"])
-        await pilot.press("enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, RequestDetailScreen), what="detail")
+        await open_detail(pilot, app, SHOWN["id"], key="enter")
         assert app.screen.seq_id == SHOWN["id"]
 
 
@@ -74,9 +73,7 @@ async def test_without_expose_text_it_says_why_and_asks_nothing() -> None:
     server = RecordedServer([state])
     app = console(server)
     async with app.run_test(size=(120, 40)) as pilot:
-        await poll_times(pilot, app, 1)
-        await pilot.press("d")
-        await wait_for(pilot, lambda: isinstance(app.screen, RequestDetailScreen), what="detail")
+        await open_detail(pilot, app)
         await wait_for(pilot, lambda: app.screen.error is not None, what="the reason")
         message = text_of(app, "#request-message")
         assert "--expose-text" in message and "private" in message
@@ -93,8 +90,7 @@ async def test_a_409_says_why_even_when_the_state_did_not() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await poll_times(pilot, app, 1)
         app.snapshot.state.text_exposed = True  # as a console that did not know would assume
-        await pilot.press("d")
-        await wait_for(pilot, lambda: isinstance(app.screen, RequestDetailScreen), what="detail")
+        await open_detail(pilot, app)  # the first poll is done: no other
         await wait_for(pilot, lambda: app.screen.error is not None, what="the reason")
         assert "--expose-text" in text_of(app, "#request-message")
         assert len(text_asks(server)) == 1
@@ -104,10 +100,7 @@ async def test_dropped_text_keeps_what_was_shown_and_says_so() -> None:
     server = RecordedServer()
     app = console(server)
     async with app.run_test(size=(120, 40)) as pilot:
-        await poll_times(pilot, app, 1)
-        await select(pilot, app, SHOWN["id"])
-        await pilot.press("d")
-        await wait_for(pilot, lambda: isinstance(app.screen, RequestDetailScreen), what="detail")
+        await open_detail(pilot, app, SHOWN["id"])
         await wait_for(pilot, lambda: app.screen.data is not None, what="its text")
         server.text_gone = True
         app.poll()
