@@ -23,6 +23,7 @@ GENERATE_FLAGS = (
     "max_num_seqs",
     "max_num_batched_tokens",
     "attention_backend",
+    "native_attention",
     "tensor_parallel_size",
     "tokenizer",
 )

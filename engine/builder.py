@@ -36,6 +36,7 @@ from engine.parallel.shard import SINGLE, Shard, check_divisible
 from engine.parallel.world import TensorParallelWorld
 from engine.runner import ModelRunner
 from engine.sampler import Sampler
+from kernels import native
 from kernels.registry import resolve_backend
 
 log = logging.getLogger(__name__)
@@ -162,12 +163,15 @@ def build_runner(bundle: ModelBundle, config: EngineConfig) -> tuple[ModelRunner
         dtype,
         device,
     )
+    backend = resolve_backend(config.attention_backend, device)
+    use_native = config.native_attention and backend == "torch" and device.type == "cpu"
     runner = ModelRunner(
         bundle.model,
         kv_caches,
         config.block_size,
-        resolve_backend(config.attention_backend, device),
+        backend,
         Sampler(torch.Generator(device=device).manual_seed(config.seed)),
+        native=native.load() if use_native else None,
     )
     if bundle.parallel is not None:
         bundle.parallel.build_runner(replace(config, num_kv_blocks=num_blocks))

@@ -87,6 +87,11 @@ class EngineConfig:
     attention_backend: Literal["auto", "torch", "triton"] = knob(
         "auto", "attention kernels: torch (CPU), triton (GPU) or auto"
     )
+    native_attention: bool = knob(
+        True,
+        "CPU decode attention through servedeck's C++ kernel, built on first start with the "
+        "machine's g++ (AVX-512; kernels.native); where it cannot be built, torch's products",
+    )
     gpu_memory_utilization: float = knob(0.90, "share of GPU memory the engine may take")
     num_threads: int | None = knob(None, "torch CPU threads (default: torch's)", ge=1)
     retain_freed_host_memory: bool = knob(

@@ -22,6 +22,7 @@ from engine.outputs import TokenLogprob
 from engine.sampler import Sampler, token_logprobs
 from engine.sequence import Sequence
 from kernels.attention import AttentionInputs, AttentionMetadata
+from kernels.native import NativeKernels
 from kernels.registry import Backend, make_backend
 
 
@@ -91,11 +92,12 @@ class ModelRunner:
         backend: Backend,
         sampler: Sampler,
         pad_token_id: int = 0,
+        native: NativeKernels | None = None,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
-        self.attention = make_backend(backend, kv_caches, block_size)
+        self.attention = make_backend(backend, kv_caches, block_size, native)
         """Chosen once, here; owns whatever it keeps between steps (kernels.attention)."""
         self.sampler = sampler
         self.pad_token_id = pad_token_id

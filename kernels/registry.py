@@ -15,6 +15,7 @@ from typing import Any, Literal
 import torch
 
 from kernels.attention import AttentionBackend
+from kernels.native import NativeKernels
 from kernels.torch_backend import TorchAttentionBackend
 from kernels.triton_backend import TritonAttentionBackend
 
@@ -48,12 +49,18 @@ def resolve_backend(choice: BackendChoice, device: torch.device) -> Backend:
 
 
 def make_backend(
-    name: Backend, kv_caches: list[torch.Tensor], block_size: int
+    name: Backend,
+    kv_caches: list[torch.Tensor],
+    block_size: int,
+    native: NativeKernels | None = None,
 ) -> AttentionBackend[Any]:
-    """The backend ``name`` (as ``resolve_backend`` chose it) over this pool. Its metadata type
-    is the backend's own (``Any`` here): the runner hands ``prepare``'s result back to
-    ``forward`` untouched."""
+    """The backend ``name`` (as ``resolve_backend`` chose it) over this pool; the torch
+    backend's decode attention runs ``native`` where given (``kernels.native.load``). Its
+    metadata type is the backend's own (``Any`` here): the runner hands ``prepare``'s result
+    back to ``forward`` untouched."""
     cls = BACKENDS.get(name)
     if cls is None:
         raise ValueError(f"unknown attention backend {name!r} (known: {', '.join(BACKENDS)})")
+    if cls is TorchAttentionBackend:
+        return TorchAttentionBackend(kv_caches, block_size, native=native)
     return cls(kv_caches, block_size)

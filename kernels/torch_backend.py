@@ -14,6 +14,7 @@ import torch
 from kernels import torch_attention
 from kernels.attention import AttentionBackend, AttentionInputs, AttentionMetadata, build_metadata
 from kernels.decode_gather import DecodeGatherCache, DecodePlan
+from kernels.native import NativeKernels
 
 
 @dataclass(slots=True)
@@ -26,9 +27,15 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
     name = "torch"
 
     def __init__(
-        self, kv_caches: list[torch.Tensor], block_size: int, gather_budget_bytes: int | None = None
+        self,
+        kv_caches: list[torch.Tensor],
+        block_size: int,
+        gather_budget_bytes: int | None = None,
+        native: NativeKernels | None = None,
     ) -> None:
         super().__init__(kv_caches, block_size)
+        self.native = native
+        """The decode attention's C++ kernel (``kernels.native.load``); None: batched products."""
         self.storages: list[tuple[torch.Tensor, torch.Tensor]] = []
         for layer, cache in enumerate(kv_caches):
             k_storage, v_storage = (
@@ -85,7 +92,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         plan = meta.decode_plan
         assert plan is not None, "decode rows without a decode plan"
         out = torch_attention.decode_attention(
-            query, key, value, self.storages[layer], plan.buckets, layer, scale
+            query, key, value, self.storages[layer], plan.buckets, layer, scale, self.native
         )
         if layer == len(self.kv_caches) - 1:
             self.gathers.finished()

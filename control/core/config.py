@@ -37,6 +37,7 @@ ENGINE_SETTINGS = (
     "max_num_seqs",
     "max_num_batched_tokens",
     "num_threads",
+    "native_attention",
     "tensor_parallel_size",
     "tokenizer",
 )

@@ -1,0 +1,182 @@
+// servedeck's decode attention on CPU: one query token per row over the decode buffers that
+// kernels/decode_gather.py keeps (each row's K/V dense, [rows * kv_heads, span, head_dim]).
+//
+// One pass per (row, KV head): the scores of the heads sharing that KV head (up to CHUNK at a
+// time) from one read of each key, a softmax in float32, then one read of each value. Only a
+// row's own length is read (the buffers' padded tail is skipped). K/V are float32 or
+// bfloat16 (widened to float32 on load); the query and the output are float32. Built and
+// loaded by kernels/native.py; kernels/torch_attention.py's batched products are the
+// fallback and kernels/reference.py the oracle both are tested against.
+#ifndef __AVX512F__
+#error "the native decode attention needs AVX-512 (built with -march=native)"
+#endif
+#include <torch/library.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <immintrin.h>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+inline __m512 exp16(__m512 x) {
+  // e^x = 2^n * e^r, r = x - n ln2 in [-ln2/2, ln2/2]; degree-6 polynomial
+  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+  const __m512 ln2_hi = _mm512_set1_ps(0.693359375f);
+  const __m512 ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, ln2_hi, x);
+  r = _mm512_fnmadd_ps(n, ln2_lo, r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+constexpr int64_t CHUNK = 4;  // query heads per pass over one KV head's keys
+
+template <typename T, int64_t V>  // V: 16-float vectors per head (dim / 16)
+void attend_item(const float* qh, const T* k, const T* v, int64_t len, int64_t group,
+                 float scale, float* scores, float* o) {
+  constexpr int64_t DIM = V * 16;
+  for (int64_t g0 = 0; g0 < group; g0 += CHUNK) {
+    const int64_t gn = std::min(CHUNK, group - g0);
+    __m512 q[CHUNK][V];
+    for (int64_t g = 0; g < gn; ++g)
+      for (int64_t c = 0; c < V; ++c) q[g][c] = _mm512_loadu_ps(qh + (g0 + g) * DIM + c * 16);
+    for (int64_t s = 0; s < len; ++s) {
+      __m512 kr[V];
+      for (int64_t c = 0; c < V; ++c) kr[c] = load16(k + s * DIM + c * 16);
+      for (int64_t g = 0; g < gn; ++g) {
+        __m512 acc = _mm512_mul_ps(q[g][0], kr[0]);
+        for (int64_t c = 1; c < V; ++c) acc = _mm512_fmadd_ps(q[g][c], kr[c], acc);
+        scores[g * len + s] = _mm512_reduce_add_ps(acc) * scale;
+      }
+    }
+    for (int64_t g = 0; g < gn; ++g) {
+      float* sg = scores + g * len;
+      __m512 mv = _mm512_set1_ps(-INFINITY);
+      int64_t s = 0;
+      for (; s + 16 <= len; s += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sg + s));
+      float m = _mm512_reduce_max_ps(mv);
+      for (; s < len; ++s) m = sg[s] > m ? sg[s] : m;
+      const __m512 mb = _mm512_set1_ps(m);
+      __m512 tv = _mm512_setzero_ps();
+      for (s = 0; s + 16 <= len; s += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sg + s), mb));
+        _mm512_storeu_ps(sg + s, e);
+        tv = _mm512_add_ps(tv, e);
+      }
+      if (s < len) {
+        const __mmask16 tail = static_cast<__mmask16>((1u << (len - s)) - 1u);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sg + s), mb));
+        e = _mm512_maskz_mov_ps(tail, e);
+        _mm512_mask_storeu_ps(sg + s, tail, e);
+        tv = _mm512_add_ps(tv, e);
+      }
+      const float inv = 1.f / _mm512_reduce_add_ps(tv);
+      const __m512 ib = _mm512_set1_ps(inv);
+      for (s = 0; s + 16 <= len; s += 16) _mm512_storeu_ps(sg + s, _mm512_mul_ps(_mm512_loadu_ps(sg + s), ib));
+      for (; s < len; ++s) sg[s] *= inv;
+    }
+    __m512 acc[CHUNK][V];
+    for (int64_t g = 0; g < gn; ++g)
+      for (int64_t c = 0; c < V; ++c) acc[g][c] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < len; ++s) {
+      __m512 vr[V];
+      for (int64_t c = 0; c < V; ++c) vr[c] = load16(v + s * DIM + c * 16);
+      for (int64_t g = 0; g < gn; ++g) {
+        const __m512 p = _mm512_set1_ps(scores[g * len + s]);
+        for (int64_t c = 0; c < V; ++c) acc[g][c] = _mm512_fmadd_ps(p, vr[c], acc[g][c]);
+      }
+    }
+    for (int64_t g = 0; g < gn; ++g)
+      for (int64_t c = 0; c < V; ++c) _mm512_storeu_ps(o + (g0 + g) * DIM + c * 16, acc[g][c]);
+  }
+}
+
+template <typename T, int64_t V>
+void attend(const float* q, const T* keys, const T* values, const int64_t* lens, float* out,
+            int64_t rows, int64_t kv_heads, int64_t group, int64_t span, float scale) {
+  constexpr int64_t DIM = V * 16;
+  const int64_t items = rows * kv_heads;
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(CHUNK * span);
+    for (int64_t i = begin; i < end; ++i) {
+      // 0, n-1, 1, n-2, ...: rows come sorted by length, so each thread's contiguous share
+      // of i holds as many long rows as short ones
+      const int64_t item = i % 2 == 0 ? i / 2 : items - 1 - i / 2;
+      const int64_t row = item / kv_heads, head = item % kv_heads;
+      const int64_t len = std::min(lens[row], span);
+      float* o = out + (row * kv_heads + head) * group * DIM;
+      if (len <= 0) { std::memset(o, 0, group * DIM * sizeof(float)); continue; }
+      attend_item<T, V>(q + (row * kv_heads + head) * group * DIM, keys + item * span * DIM,
+                        values + item * span * DIM, len, group, scale, scores.data(), o);
+    }
+  });
+}
+
+template <typename T>
+void dispatch(const at::Tensor& q, const T* k, const T* v, const at::Tensor& lens, at::Tensor& out,
+              int64_t rows, int64_t kv_heads, int64_t group, int64_t span, int64_t dim, float scale) {
+  const float* qp = q.data_ptr<float>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  switch (dim) {
+    case 16: return attend<T, 1>(qp, k, v, lp, op, rows, kv_heads, group, span, scale);
+    case 32: return attend<T, 2>(qp, k, v, lp, op, rows, kv_heads, group, span, scale);
+    case 48: return attend<T, 3>(qp, k, v, lp, op, rows, kv_heads, group, span, scale);
+    case 64: return attend<T, 4>(qp, k, v, lp, op, rows, kv_heads, group, span, scale);
+    case 80: return attend<T, 5>(qp, k, v, lp, op, rows, kv_heads, group, span, scale);
+    case 96: return attend<T, 6>(qp, k, v, lp, op, rows, kv_heads, group, span, scale);
+    case 128: return attend<T, 8>(qp, k, v, lp, op, rows, kv_heads, group, span, scale);
+    default: TORCH_CHECK(false, "head_dim ", dim, " is not one of 16, 32, 48, 64, 80, 96, 128");
+  }
+}
+
+// query [rows, heads, dim] float32; keys, values [rows * kv_heads, span, dim] (row-major,
+// then KV head); seq_lens [rows] int64 (positions past a row's length are not read).
+at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys,
+                            const at::Tensor& values, const at::Tensor& seq_lens, double scale) {
+  TORCH_CHECK(query.scalar_type() == at::kFloat && query.is_contiguous());
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous());
+  TORCH_CHECK(keys.scalar_type() == values.scalar_type());
+  TORCH_CHECK(seq_lens.scalar_type() == at::kLong && seq_lens.is_contiguous());
+  const int64_t rows = query.size(0), heads = query.size(1), dim = query.size(2);
+  TORCH_CHECK(seq_lens.numel() == rows && rows > 0 && keys.size(0) % rows == 0);
+  const int64_t kv_heads = keys.size(0) / rows, span = keys.size(1);
+  TORCH_CHECK(keys.size(2) == dim && heads % kv_heads == 0);
+  auto out = at::empty({rows, heads, dim}, query.options());
+  if (keys.scalar_type() == at::kFloat) {
+    dispatch<float>(query, keys.data_ptr<float>(), values.data_ptr<float>(), seq_lens, out, rows,
+                    kv_heads, heads / kv_heads, span, dim, static_cast<float>(scale));
+  } else {
+    TORCH_CHECK(keys.scalar_type() == at::kBFloat16);
+    dispatch<uint16_t>(query, reinterpret_cast<const uint16_t*>(keys.data_ptr<at::BFloat16>()),
+                       reinterpret_cast<const uint16_t*>(values.data_ptr<at::BFloat16>()),
+                       seq_lens, out, rows, kv_heads, heads / kv_heads, span, dim,
+                       static_cast<float>(scale));
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(servedeck, m) {
+  m.def("decode_attention(Tensor query, Tensor keys, Tensor values, Tensor seq_lens, float scale) -> Tensor");
+  m.impl("decode_attention", c10::DispatchKey::CPU, TORCH_FN(decode_attention));
+}
