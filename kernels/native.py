@@ -1,11 +1,14 @@
-"""The decode attention's C++ kernel (``kernels/native/decode_attention.cpp``): built once per
-machine with the machine's C++ compiler, loaded as the torch op ``servedeck::decode_attention``.
+"""The paged decode attention's C++ kernel (``kernels/native/decode_attention.cpp``): built
+once per machine with the machine's C++ compiler, loaded as the torch op
+``servedeck::paged_decode_attention``.
 
 Why a kernel of our own: at batch 64 on SmolLM2 the torch backend's decode attention
-(``torch_attention._attend``: ``baddbmm``, softmax, ``bmm``) read the decode buffers at about
-12 GB/s, half this machine's memory rate; the products have three query rows per KV head, far
-too few for the matrix library, and read the padded tail too. The kernel makes one pass per
-(row, KV head), reads only the row's length and runs at the memory rate (docs/benchmarks.md).
+(``torch_attention._attend``: ``baddbmm``, softmax, ``bmm`` over gathered copies of the rows'
+blocks) read K/V at about 12 GB/s, half this machine's memory rate: the products have three
+query rows per KV head, far too few for the matrix library, and read each bucket's padded tail.
+Keeping the gathered copies cost more again (``kernels.decode_gather``: the copies, buffers
+regrown as rows join). The kernel reads the pool itself through the block tables, as vLLM's
+CPU backend does, one pass per (row, KV head) over the row's own length (docs/benchmarks.md).
 
 The build: ``g++ -O3 -march=native`` against torch's headers and libraries (no ninja, no
 pybind11; about 7 s), into ``build_dir`` under a name hashed from the source, the flags, torch's
@@ -35,6 +38,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native") / "decode_attention.cpp"
 HEAD_DIMS = (16, 32, 48, 64, 80, 96, 128)
 """Head dims the kernel is instantiated for (multiples of 16 AVX-512 lanes)."""
+KV_DTYPES = (torch.float32, torch.bfloat16)
 BUILD_TIMEOUT_S = 180.0
 
 
@@ -56,26 +60,25 @@ class NativeKernels:
     library: Path
 
     @staticmethod
-    def supports(query: torch.Tensor, keys: torch.Tensor) -> bool:
-        return (
-            query.device.type == "cpu"
-            and query.shape[-1] in HEAD_DIMS
-            and keys.dtype in (torch.float32, torch.bfloat16)
-        )
+    def supports(head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
+        """The pool's shapes the kernel is built for."""
+        return device.type == "cpu" and head_dim in HEAD_DIMS and dtype in KV_DTYPES
 
     @staticmethod
-    def decode_attention(
+    def paged_decode_attention(
         query: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
+        k_storage: torch.Tensor,
+        v_storage: torch.Tensor,
+        block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
         scale: float,
     ) -> torch.Tensor:
-        """``query`` ``[B, heads, dim]`` over ``keys``/``values`` ``[B * kv_heads, span, dim]``
-        (row-major, then KV head), each row up to its ``seq_lens`` -> ``[B, heads, dim]`` in
-        the query's dtype (softmax and sums in float32)."""
-        out: torch.Tensor = torch.ops.servedeck.decode_attention(
-            query.float().contiguous(), keys, values, seq_lens, scale
+        """``query`` ``[B, heads, dim]`` over one layer's head-major pool (``k_storage``,
+        ``v_storage`` ``[kv_heads, num_blocks, block_size, dim]``) through ``block_tables``
+        ``[B, width]`` int64 up to ``seq_lens`` ``[B]`` int64 -> ``[B, heads, dim]`` in the
+        query's dtype (scores, softmax and sums in float32)."""
+        out: torch.Tensor = torch.ops.servedeck.paged_decode_attention(
+            query.float().contiguous(), k_storage, v_storage, block_tables, seq_lens, scale
         )
         return out.to(query.dtype)
 
@@ -163,7 +166,7 @@ def build(build_dir: Path) -> Path:
 @cache
 def _load_library(path: Path) -> None:
     """Load once per process: torch registers an op namespace once."""
-    if not hasattr(torch.ops.servedeck, "decode_attention"):
+    if not hasattr(torch.ops.servedeck, "paged_decode_attention"):
         torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]  # unannotated in torch
 
 

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 
 from kernels.decode_gather import BucketPlan
-from kernels.native import NativeKernels
 
 
 def head_major(cache: torch.Tensor) -> torch.Tensor | None:
@@ -47,15 +46,14 @@ def decode_attention(
     buckets: list[BucketPlan],
     layer: int,
     scale: float,
-    native: NativeKernels | None = None,
 ) -> torch.Tensor:
     """One query token per row: ``query`` ``[B, heads, dim]`` -> same shape.
 
     Each bucket keeps its rows' K/V in per-layer slot buffers (``kernels.decode_gather``);
     this layer first copies in what the plan says changed (blocks from the pool with
     ``index_select`` + ``index_copy_``, new tokens from ``key``/``value``), then attends over
-    the bucket's slots: with the ``native`` kernel where it takes the shapes, else as dense
-    batched products (``_attend``).
+    the bucket's slots as dense batched products. (With the native kernel the backend
+    reads the pool itself instead: ``kernels.native``.)
     """
     out = torch.empty_like(query)
     for bucket in buckets:
@@ -80,11 +78,7 @@ def decode_attention(
         values = pair[1][: n * num_kv_heads * span * head_dim].view(
             n * num_kv_heads, span, head_dim
         )
-        rows_query = query.index_select(0, bucket.rows)
-        if native is not None and native.supports(rows_query, keys):
-            result = native.decode_attention(rows_query, keys, values, bucket.seq_lens, scale)
-        else:
-            result = _attend(rows_query, keys, values, bucket.seq_lens, scale)
+        result = _attend(query.index_select(0, bucket.rows), keys, values, bucket.seq_lens, scale)
         out.index_copy_(0, bucket.rows, result)
     return out
 

@@ -1,8 +1,11 @@
 """The torch attention backend: the CPU path (any device torch runs on, no Triton).
 
-It needs the pool stored head-major (``engine.kv_pool.allocate_kv_cache`` does) and owns
-the decode gather buffers (``kernels.decode_gather``): each decode row keeps a slot in its
-length bucket across steps, so a step copies in only what changed (``gathers.stats()``).
+It needs the pool stored head-major (``engine.kv_pool.allocate_kv_cache`` does). Decode rows
+attend through the native paged kernel (``kernels.native``) where it is loaded and takes the
+pool's shapes, reading the pool through the block tables. Otherwise the backend owns decode
+gather buffers (``kernels.decode_gather``): each decode row keeps a slot in its length bucket
+across steps, so a step copies in only what changed (``gathers.stats()``), and attends over
+them with dense batched products.
 """
 
 from __future__ import annotations
@@ -20,7 +23,11 @@ from kernels.native import NativeKernels
 @dataclass(slots=True)
 class TorchAttentionMetadata(AttentionMetadata):
     decode_plan: DecodePlan | None = None
-    """Where the decode rows are gathered this step; None without decode rows."""
+    """Where the decode rows are gathered this step; None without decode rows or with the
+    native kernel."""
+    native_tables: torch.Tensor | None = None
+    """The decode rows' block tables and lengths as int64, for the native kernel."""
+    native_lens: torch.Tensor | None = None
 
 
 class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
@@ -34,8 +41,14 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         native: NativeKernels | None = None,
     ) -> None:
         super().__init__(kv_caches, block_size)
-        self.native = native
-        """The decode attention's C++ kernel (``kernels.native.load``); None: batched products."""
+        pool = kv_caches[0]
+        self.native = (
+            native
+            if native is not None and native.supports(pool.shape[-1], pool.dtype, pool.device)
+            else None
+        )
+        """The paged decode kernel (``kernels.native.load``) where it takes this pool; None:
+        the gathered batched products."""
         self.storages: list[tuple[torch.Tensor, torch.Tensor]] = []
         for layer, cache in enumerate(kv_caches):
             k_storage, v_storage = (
@@ -59,7 +72,10 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         self._step += 1
         meta = build_metadata(inputs, self.device, TorchAttentionMetadata)
         tables = inputs.decode_block_tables
-        if tables:
+        if tables and self.native is not None:
+            meta.native_tables = meta.decode_block_tables.long()
+            meta.native_lens = meta.decode_seq_lens.long()
+        elif tables:
             slots = inputs.slot_mapping[: len(tables)].tolist()
             # a decode row writes its last position, unless it is a pad row (slot -1)
             new_positions = [
@@ -89,10 +105,16 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         meta: TorchAttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
+        if self.native is not None:
+            assert meta.native_tables is not None and meta.native_lens is not None
+            k_storage, v_storage = self.storages[layer]
+            return self.native.paged_decode_attention(
+                query, k_storage, v_storage, meta.native_tables, meta.native_lens, scale
+            )
         plan = meta.decode_plan
         assert plan is not None, "decode rows without a decode plan"
         out = torch_attention.decode_attention(
-            query, key, value, self.storages[layer], plan.buckets, layer, scale, self.native
+            query, key, value, self.storages[layer], plan.buckets, layer, scale
         )
         if layer == len(self.kv_caches) - 1:
             self.gathers.finished()

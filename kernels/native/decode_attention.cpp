@@ -1,11 +1,12 @@
-// servedeck's decode attention on CPU: one query token per row over the decode buffers that
-// kernels/decode_gather.py keeps (each row's K/V dense, [rows * kv_heads, span, head_dim]).
+// servedeck's paged decode attention on CPU: one query token per row, read straight from the
+// head-major KV pool ([kv_heads, num_blocks, block_size, head_dim], engine/kv_pool.py)
+// through each row's block table, as vLLM's CPU backend does: no gathered copy.
 //
 // One pass per (row, KV head): the scores of the heads sharing that KV head (up to CHUNK at a
-// time) from one read of each key, a softmax in float32, then one read of each value. Only a
-// row's own length is read (the buffers' padded tail is skipped). K/V are float32 or
-// bfloat16 (widened to float32 on load); the query and the output are float32. Built and
-// loaded by kernels/native.py; kernels/torch_attention.py's batched products are the
+// time) from one read of each key, a softmax in float32, then one read of each value; a
+// block's positions are one contiguous run. Only a row's own length is read. K/V are float32
+// or bfloat16 (widened to float32 on load); the query and the output are float32. Built and
+// loaded by kernels/native.py; kernels/torch_attention.py's gathered batched products are the
 // fallback and kernels/reference.py the oracle both are tested against.
 #ifndef __AVX512F__
 #error "the native decode attention needs AVX-512 (built with -march=native)"
@@ -49,24 +50,41 @@ inline __m512 exp16(__m512 x) {
 
 constexpr int64_t CHUNK = 4;  // query heads per pass over one KV head's keys
 
+// One row's positions under one KV head: blocks of block_size contiguous [dim] rows.
+template <typename T, int64_t DIM>
+struct Paged {
+  const T* head;         // this KV head's [num_blocks, block_size, DIM]
+  const int64_t* table;  // this row's blocks, in order
+  int64_t block_size;
+
+  template <typename F>
+  void each(int64_t len, F&& f) const {
+    for (int64_t start = 0, j = 0; start < len; start += block_size, ++j) {
+      const T* block = head + table[j] * block_size * DIM;
+      const int64_t n = std::min(block_size, len - start);
+      for (int64_t t = 0; t < n; ++t) f(start + t, block + t * DIM);
+    }
+  }
+};
+
 template <typename T, int64_t V>  // V: 16-float vectors per head (dim / 16)
-void attend_item(const float* qh, const T* k, const T* v, int64_t len, int64_t group,
-                 float scale, float* scores, float* o) {
+void attend_item(const float* qh, const Paged<T, V * 16>& k, const Paged<T, V * 16>& v,
+                 int64_t len, int64_t group, float scale, float* scores, float* o) {
   constexpr int64_t DIM = V * 16;
   for (int64_t g0 = 0; g0 < group; g0 += CHUNK) {
     const int64_t gn = std::min(CHUNK, group - g0);
     __m512 q[CHUNK][V];
     for (int64_t g = 0; g < gn; ++g)
       for (int64_t c = 0; c < V; ++c) q[g][c] = _mm512_loadu_ps(qh + (g0 + g) * DIM + c * 16);
-    for (int64_t s = 0; s < len; ++s) {
+    k.each(len, [&](int64_t s, const T* key) {
       __m512 kr[V];
-      for (int64_t c = 0; c < V; ++c) kr[c] = load16(k + s * DIM + c * 16);
+      for (int64_t c = 0; c < V; ++c) kr[c] = load16(key + c * 16);
       for (int64_t g = 0; g < gn; ++g) {
         __m512 acc = _mm512_mul_ps(q[g][0], kr[0]);
         for (int64_t c = 1; c < V; ++c) acc = _mm512_fmadd_ps(q[g][c], kr[c], acc);
         scores[g * len + s] = _mm512_reduce_add_ps(acc) * scale;
       }
-    }
+    });
     for (int64_t g = 0; g < gn; ++g) {
       float* sg = scores + g * len;
       __m512 mv = _mm512_set1_ps(-INFINITY);
@@ -88,88 +106,118 @@ void attend_item(const float* qh, const T* k, const T* v, int64_t len, int64_t g
         _mm512_mask_storeu_ps(sg + s, tail, e);
         tv = _mm512_add_ps(tv, e);
       }
-      const float inv = 1.f / _mm512_reduce_add_ps(tv);
-      const __m512 ib = _mm512_set1_ps(inv);
-      for (s = 0; s + 16 <= len; s += 16) _mm512_storeu_ps(sg + s, _mm512_mul_ps(_mm512_loadu_ps(sg + s), ib));
-      for (; s < len; ++s) sg[s] *= inv;
+      const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(tv));
+      for (s = 0; s + 16 <= len; s += 16)
+        _mm512_storeu_ps(sg + s, _mm512_mul_ps(_mm512_loadu_ps(sg + s), inv));
+      for (; s < len; ++s) sg[s] *= _mm512_cvtss_f32(inv);
     }
     __m512 acc[CHUNK][V];
     for (int64_t g = 0; g < gn; ++g)
       for (int64_t c = 0; c < V; ++c) acc[g][c] = _mm512_setzero_ps();
-    for (int64_t s = 0; s < len; ++s) {
+    v.each(len, [&](int64_t s, const T* value) {
       __m512 vr[V];
-      for (int64_t c = 0; c < V; ++c) vr[c] = load16(v + s * DIM + c * 16);
+      for (int64_t c = 0; c < V; ++c) vr[c] = load16(value + c * 16);
       for (int64_t g = 0; g < gn; ++g) {
         const __m512 p = _mm512_set1_ps(scores[g * len + s]);
         for (int64_t c = 0; c < V; ++c) acc[g][c] = _mm512_fmadd_ps(p, vr[c], acc[g][c]);
       }
-    }
+    });
     for (int64_t g = 0; g < gn; ++g)
       for (int64_t c = 0; c < V; ++c) _mm512_storeu_ps(o + (g0 + g) * DIM + c * 16, acc[g][c]);
   }
 }
 
+struct Shape {
+  int64_t rows, kv_heads, group, num_blocks, block_size, width;
+};
+
 template <typename T, int64_t V>
-void attend(const float* q, const T* keys, const T* values, const int64_t* lens, float* out,
-            int64_t rows, int64_t kv_heads, int64_t group, int64_t span, float scale) {
+void attend(const float* q, const T* keys, const T* values, const int64_t* tables,
+            const int64_t* lens, float* out, const Shape& shape, float scale) {
   constexpr int64_t DIM = V * 16;
-  const int64_t items = rows * kv_heads;
+  const int64_t items = shape.rows * shape.kv_heads, group = shape.group;
+  const int64_t per_head = shape.num_blocks * shape.block_size * DIM;
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(CHUNK * span);
+    std::vector<float> scores(CHUNK * shape.width * shape.block_size);
     for (int64_t i = begin; i < end; ++i) {
       // 0, n-1, 1, n-2, ...: rows come sorted by length, so each thread's contiguous share
       // of i holds as many long rows as short ones
       const int64_t item = i % 2 == 0 ? i / 2 : items - 1 - i / 2;
-      const int64_t row = item / kv_heads, head = item % kv_heads;
-      const int64_t len = std::min(lens[row], span);
-      float* o = out + (row * kv_heads + head) * group * DIM;
-      if (len <= 0) { std::memset(o, 0, group * DIM * sizeof(float)); continue; }
-      attend_item<T, V>(q + (row * kv_heads + head) * group * DIM, keys + item * span * DIM,
-                        values + item * span * DIM, len, group, scale, scores.data(), o);
+      const int64_t row = item / shape.kv_heads, head = item % shape.kv_heads;
+      const int64_t len = lens[row];
+      float* o = out + item * group * DIM;
+      if (len <= 0) {
+        std::memset(o, 0, group * DIM * sizeof(float));
+        continue;
+      }
+      const int64_t* table = tables + row * shape.width;
+      const Paged<T, DIM> k{keys + head * per_head, table, shape.block_size};
+      const Paged<T, DIM> v{values + head * per_head, table, shape.block_size};
+      attend_item<T, V>(q + item * group * DIM, k, v, len, group, scale, scores.data(), o);
     }
   });
 }
 
 template <typename T>
-void dispatch(const at::Tensor& q, const T* k, const T* v, const at::Tensor& lens, at::Tensor& out,
-              int64_t rows, int64_t kv_heads, int64_t group, int64_t span, int64_t dim, float scale) {
+void dispatch(const at::Tensor& q, const T* k, const T* v, const at::Tensor& tables,
+              const at::Tensor& lens, at::Tensor& out, const Shape& shape, int64_t dim,
+              float scale) {
   const float* qp = q.data_ptr<float>();
+  const int64_t* tp = tables.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   switch (dim) {
-    case 16: return attend<T, 1>(qp, k, v, lp, op, rows, kv_heads, group, span, scale);
-    case 32: return attend<T, 2>(qp, k, v, lp, op, rows, kv_heads, group, span, scale);
-    case 48: return attend<T, 3>(qp, k, v, lp, op, rows, kv_heads, group, span, scale);
-    case 64: return attend<T, 4>(qp, k, v, lp, op, rows, kv_heads, group, span, scale);
-    case 80: return attend<T, 5>(qp, k, v, lp, op, rows, kv_heads, group, span, scale);
-    case 96: return attend<T, 6>(qp, k, v, lp, op, rows, kv_heads, group, span, scale);
-    case 128: return attend<T, 8>(qp, k, v, lp, op, rows, kv_heads, group, span, scale);
+    case 16: return attend<T, 1>(qp, k, v, tp, lp, op, shape, scale);
+    case 32: return attend<T, 2>(qp, k, v, tp, lp, op, shape, scale);
+    case 48: return attend<T, 3>(qp, k, v, tp, lp, op, shape, scale);
+    case 64: return attend<T, 4>(qp, k, v, tp, lp, op, shape, scale);
+    case 80: return attend<T, 5>(qp, k, v, tp, lp, op, shape, scale);
+    case 96: return attend<T, 6>(qp, k, v, tp, lp, op, shape, scale);
+    case 128: return attend<T, 8>(qp, k, v, tp, lp, op, shape, scale);
     default: TORCH_CHECK(false, "head_dim ", dim, " is not one of 16, 32, 48, 64, 80, 96, 128");
   }
 }
 
-// query [rows, heads, dim] float32; keys, values [rows * kv_heads, span, dim] (row-major,
-// then KV head); seq_lens [rows] int64 (positions past a row's length are not read).
-at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys,
-                            const at::Tensor& values, const at::Tensor& seq_lens, double scale) {
-  TORCH_CHECK(query.scalar_type() == at::kFloat && query.is_contiguous());
-  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous());
-  TORCH_CHECK(keys.scalar_type() == values.scalar_type());
+// query [rows, heads, dim] float32; k_storage, v_storage [kv_heads, num_blocks, block_size,
+// dim] (the pool, head-major); block_tables [rows, width] int64 (padded past a row's blocks);
+// seq_lens [rows] int64. Returns [rows, heads, dim] float32.
+at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& k_storage,
+                                  const at::Tensor& v_storage, const at::Tensor& block_tables,
+                                  const at::Tensor& seq_lens, double scale) {
+  TORCH_CHECK(query.scalar_type() == at::kFloat && query.is_contiguous() && query.dim() == 3);
+  TORCH_CHECK(k_storage.is_contiguous() && v_storage.is_contiguous() && k_storage.dim() == 4);
+  TORCH_CHECK(k_storage.sizes() == v_storage.sizes());
+  TORCH_CHECK(k_storage.scalar_type() == v_storage.scalar_type());
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && block_tables.is_contiguous());
   TORCH_CHECK(seq_lens.scalar_type() == at::kLong && seq_lens.is_contiguous());
   const int64_t rows = query.size(0), heads = query.size(1), dim = query.size(2);
-  TORCH_CHECK(seq_lens.numel() == rows && rows > 0 && keys.size(0) % rows == 0);
-  const int64_t kv_heads = keys.size(0) / rows, span = keys.size(1);
-  TORCH_CHECK(keys.size(2) == dim && heads % kv_heads == 0);
+  const Shape shape{rows,
+                    k_storage.size(0),
+                    heads / k_storage.size(0),
+                    k_storage.size(1),
+                    k_storage.size(2),
+                    block_tables.dim() == 2 ? block_tables.size(1) : 0};
+  TORCH_CHECK(k_storage.size(3) == dim && heads % shape.kv_heads == 0);
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == rows && seq_lens.numel() == rows);
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  const int64_t* lens = seq_lens.data_ptr<int64_t>();
+  for (int64_t row = 0; row < rows; ++row) {  // every block read is in the pool
+    TORCH_CHECK(lens[row] <= shape.width * shape.block_size, "row ", row, " is longer than its table");
+    for (int64_t j = 0; j * shape.block_size < lens[row]; ++j) {
+      const int64_t block = tables[row * shape.width + j];
+      TORCH_CHECK(block >= 0 && block < shape.num_blocks, "row ", row, " names block ", block);
+    }
+  }
   auto out = at::empty({rows, heads, dim}, query.options());
-  if (keys.scalar_type() == at::kFloat) {
-    dispatch<float>(query, keys.data_ptr<float>(), values.data_ptr<float>(), seq_lens, out, rows,
-                    kv_heads, heads / kv_heads, span, dim, static_cast<float>(scale));
+  const float s = static_cast<float>(scale);
+  if (k_storage.scalar_type() == at::kFloat) {
+    dispatch<float>(query, k_storage.data_ptr<float>(), v_storage.data_ptr<float>(), block_tables,
+                    seq_lens, out, shape, dim, s);
   } else {
-    TORCH_CHECK(keys.scalar_type() == at::kBFloat16);
-    dispatch<uint16_t>(query, reinterpret_cast<const uint16_t*>(keys.data_ptr<at::BFloat16>()),
-                       reinterpret_cast<const uint16_t*>(values.data_ptr<at::BFloat16>()),
-                       seq_lens, out, rows, kv_heads, heads / kv_heads, span, dim,
-                       static_cast<float>(scale));
+    TORCH_CHECK(k_storage.scalar_type() == at::kBFloat16, "K/V must be float32 or bfloat16");
+    const auto* k = reinterpret_cast<const uint16_t*>(k_storage.data_ptr<at::BFloat16>());
+    const auto* v = reinterpret_cast<const uint16_t*>(v_storage.data_ptr<at::BFloat16>());
+    dispatch<uint16_t>(query, k, v, block_tables, seq_lens, out, shape, dim, s);
   }
   return out;
 }
@@ -177,6 +225,8 @@ at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys,
 }  // namespace
 
 TORCH_LIBRARY(servedeck, m) {
-  m.def("decode_attention(Tensor query, Tensor keys, Tensor values, Tensor seq_lens, float scale) -> Tensor");
-  m.impl("decode_attention", c10::DispatchKey::CPU, TORCH_FN(decode_attention));
+  m.def(
+      "paged_decode_attention(Tensor query, Tensor k_storage, Tensor v_storage, "
+      "Tensor block_tables, Tensor seq_lens, float scale) -> Tensor");
+  m.impl("paged_decode_attention", c10::DispatchKey::CPU, TORCH_FN(paged_decode_attention));
 }

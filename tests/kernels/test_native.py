@@ -1,8 +1,9 @@
-"""The native decode attention (kernels/native) against the plain oracle, and its build.
+"""The native paged decode attention (kernels/native) against the plain oracle, and its build.
 
-The kernel reads each row only up to its length, so the buffers' padded tail is filled with
-NaN here: a read past a row's end would show. Shapes cover every head dim it is built for,
-GQA groups past one pass of four heads, lengths of 1, of a 16-lane tail and of the whole span.
+The kernel reads the pool through each row's block table up to the row's length, so every
+position no row owns is NaN here: a read past a row's end or of a wrong block would show.
+Shapes cover GQA groups past one pass of four heads, head dims 16 to 128, lengths of 1, of a
+16-lane tail and of whole blocks.
 """
 
 from __future__ import annotations
@@ -15,17 +16,13 @@ import torch
 from kernels import native, reference
 from tests.kernels.native_support import native_kernels
 
+BLOCK = 16
 
-def _oracle(query, keys, values, seq_lens, scale):
-    """kernels.reference.decode_attention, each row's buffer seen as one block of its own."""
-    rows, _, dim = query.shape
-    kv_heads, span = keys.shape[0] // rows, keys.shape[1]
-    k_cache = keys.view(rows, kv_heads, span, dim).permute(0, 2, 1, 3)
-    v_cache = values.view(rows, kv_heads, span, dim).permute(0, 2, 1, 3)
-    tables = torch.arange(rows)[:, None]
-    return reference.decode_attention(
-        query, k_cache, v_cache, tables, seq_lens.to(torch.int32), scale
-    )
+
+def _pool(gen, kv_heads, num_blocks, dim, dtype):
+    """A head-major pool ``[kv_heads, num_blocks, BLOCK, dim]`` of NaN: what a row does not
+    own must never be read."""
+    return torch.full((kv_heads, num_blocks, BLOCK, dim), float("nan")).to(dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -34,39 +31,66 @@ def _oracle(query, keys, values, seq_lens, scale):
     [(4, 4, 16), (9, 3, 64), (14, 2, 64), (8, 2, 128), (6, 3, 32), (4, 1, 48), (10, 2, 80)],
 )
 def test_matches_the_oracle(dtype: torch.dtype, heads: int, kv_heads: int, dim: int) -> None:
+    """Rows of 1, 16, 17, 31, 48, 66 and 67 tokens on shuffled blocks; padded tables."""
     kernels = native_kernels()
     gen = torch.Generator().manual_seed(heads * dim)
-    rows, span = 7, 67
-    seq_lens = torch.tensor([1, 16, 17, 31, 48, 66, 67])
-    keys = torch.randn(rows * kv_heads, span, dim, generator=gen).to(dtype)
-    values = torch.randn(rows * kv_heads, span, dim, generator=gen).to(dtype)
-    for row, length in enumerate(seq_lens.tolist()):
-        keys.view(rows, kv_heads, span, dim)[row, :, length:] = float("nan")
-        values.view(rows, kv_heads, span, dim)[row, :, length:] = float("nan")
-    query = torch.randn(rows, heads, dim, generator=gen) * 3
+    lens = [1, 16, 17, 31, 48, 66, 67]
+    widths = [-(-n // BLOCK) for n in lens]
+    num_blocks = sum(widths) + 3
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    k_pool = _pool(gen, kv_heads, num_blocks, dim, dtype)
+    v_pool = _pool(gen, kv_heads, num_blocks, dim, dtype)
+    tables = torch.zeros(len(lens), max(widths), dtype=torch.int64)
+    for row, n in enumerate(lens):
+        blocks = [order.pop() for _ in range(widths[row])]
+        tables[row, : len(blocks)] = torch.tensor(blocks)
+        for position in range(n):
+            block, offset = blocks[position // BLOCK], position % BLOCK
+            for pool in (k_pool, v_pool):
+                pool[:, block, offset] = torch.randn(kv_heads, dim, generator=gen).to(dtype)
+    seq_lens = torch.tensor(lens)
+    query = torch.randn(len(lens), heads, dim, generator=gen) * 3
     scale = dim**-0.5
-    out = kernels.decode_attention(query, keys, values, seq_lens, scale)
-    expected = _oracle(query, keys, values, seq_lens, scale)
+    out = kernels.paged_decode_attention(query, k_pool, v_pool, tables, seq_lens, scale)
+    k_cache, v_cache = k_pool.permute(1, 2, 0, 3), v_pool.permute(1, 2, 0, 3)
+    expected = reference.decode_attention(query, k_cache, v_cache, tables, seq_lens, scale)
     assert out.dtype == query.dtype and out.shape == query.shape
     torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
 
 
 def test_a_bfloat16_query_comes_back_in_bfloat16() -> None:
     kernels = native_kernels()
-    keys = torch.randn(2, 5, 64).bfloat16()
+    pool = torch.randn(2, 1, BLOCK, 64).bfloat16()
     query = torch.randn(1, 6, 64).bfloat16()
-    out = kernels.decode_attention(query, keys, keys.clone(), torch.tensor([5]), 0.125)
-    expected = _oracle(query.float(), keys, keys.clone(), torch.tensor([5]), 0.125)
+    tables, lens = torch.zeros(1, 1, dtype=torch.int64), torch.tensor([5])
+    out = kernels.paged_decode_attention(query, pool, pool, tables, lens, 0.125)
+    cache = pool.permute(1, 2, 0, 3)
+    expected = reference.decode_attention(query.float(), cache, cache, tables, lens, 0.125)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=1e-2)
 
 
+def test_a_block_outside_the_pool_is_refused_not_read() -> None:
+    kernels = native_kernels()
+    pool = torch.zeros(1, 4, BLOCK, 64)
+    query = torch.zeros(1, 1, 64)
+    with pytest.raises(RuntimeError, match="names block 4"):
+        kernels.paged_decode_attention(
+            query, pool, pool, torch.tensor([[0, 4]]), torch.tensor([BLOCK + 1]), 1.0
+        )
+    with pytest.raises(RuntimeError, match="longer than its table"):
+        kernels.paged_decode_attention(
+            query, pool, pool, torch.tensor([[0]]), torch.tensor([BLOCK + 1]), 1.0
+        )
+
+
 def test_supports_names_what_the_kernel_takes() -> None:
     kernels = native_kernels()
-    keys = torch.zeros(1, 1, 64)
-    assert kernels.supports(torch.zeros(1, 1, 64), keys)
-    assert not kernels.supports(torch.zeros(1, 1, 40), torch.zeros(1, 1, 40))
-    assert not kernels.supports(torch.zeros(1, 1, 64), keys.half())
+    cpu = torch.device("cpu")
+    assert kernels.supports(64, torch.float32, cpu) and kernels.supports(128, torch.bfloat16, cpu)
+    assert not kernels.supports(40, torch.float32, cpu)
+    assert not kernels.supports(64, torch.float16, cpu)
+    assert not kernels.supports(64, torch.float32, torch.device("cuda"))
 
 
 def test_a_build_is_kept_under_its_hash_and_reused(tmp_path) -> None:

@@ -1,5 +1,6 @@
 """Decode rows joining, leaving, growing and moving between buckets cost row copies, not
-re-gathers of every row (kernels.decode_gather), and attend exactly as the oracle does."""
+re-gathers of every row (kernels.decode_gather, the path without the native kernel), and
+attend exactly as the oracle does."""
 
 from __future__ import annotations
 
@@ -51,15 +52,18 @@ def test_the_mixed_burst_regathers_at_most_5_per_100_decode_steps(tiny_model_dir
     rng = random.Random(16)
     prompts = [[rng.randrange(3, 4000) for _ in range(rng.randint(32, 200))] for _ in range(24)]
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    llm = LLM(tiny_model_dir, policy="continuous", num_kv_blocks=1024, block_size=16)
+    config = {"policy": "continuous", "num_kv_blocks": 1024, "block_size": 16}
+    llm = LLM(tiny_model_dir, native_attention=False, **config)
     kept = [o.token_ids for o in llm.generate(prompts, params)]
     stats = llm.engine.runner.attention.gathers.stats()
     assert stats["decode_steps"] >= 24
     assert 100 * stats["full_gathers"] / stats["decode_steps"] <= 5
     assert stats["row_copies"] > 0, "rows joined and left"
-    fresh = LLM(tiny_model_dir, policy="continuous", num_kv_blocks=1024, block_size=16)
+    fresh = LLM(tiny_model_dir, native_attention=False, **config)
     fresh.engine.runner.attention.gathers.budget_bytes = 0  # every row gathered every step
     assert [o.token_ids for o in fresh.generate(prompts, params)] == kept
+    paged = LLM(tiny_model_dir, **config)  # the native kernel where it builds: no gather
+    assert [o.token_ids for o in paged.generate(prompts, params)] == kept
 
 
 def test_a_wasteful_single_bucket_splits_moving_rows_not_regathering() -> None:
