@@ -50,12 +50,38 @@ inline __m512 exp16(__m512 x) {
 
 constexpr int64_t CHUNK = 4;  // query heads per pass over one KV head's keys
 
+// Lane i of the result: the sum of v[i]'s 16 lanes (a transposing tree: 45 instructions for
+// 16 sums, against about 8 apiece one vector at a time).
+inline __m512 sum16(const __m512* v) {
+  __m512 r[8], w[4];
+  for (int i = 0; i < 8; ++i)
+    r[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(r[2 * i]), b = _mm512_castps_pd(r[2 * i + 1]);
+    w[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  const __m512 y01 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
+                                   _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
+  const __m512 y23 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], 0x88),
+                                   _mm512_shuffle_f32x4(w[2], w[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(y01, y23, 0x88), _mm512_shuffle_f32x4(y01, y23, 0xDD));
+}
+
 // One row's positions under one KV head: blocks of block_size contiguous [dim] rows.
 template <typename T, int64_t DIM>
 struct Paged {
   const T* head;         // this KV head's [num_blocks, block_size, DIM]
   const int64_t* table;  // this row's blocks, in order
   int64_t block_size;
+
+  // f(first position, its row, rows): runs of up to block_size contiguous positions
+  template <typename F>
+  void runs(int64_t len, F&& f) const {
+    for (int64_t start = 0, j = 0; start < len; start += block_size, ++j)
+      f(start, head + table[j] * block_size * DIM, std::min(block_size, len - start));
+  }
 
   template <typename F>
   void each(int64_t len, F&& f) const {
@@ -76,13 +102,30 @@ void attend_item(const float* qh, const Paged<T, V * 16>& k, const Paged<T, V * 
     __m512 q[CHUNK][V];
     for (int64_t g = 0; g < gn; ++g)
       for (int64_t c = 0; c < V; ++c) q[g][c] = _mm512_loadu_ps(qh + (g0 + g) * DIM + c * 16);
-    k.each(len, [&](int64_t s, const T* key) {
-      __m512 kr[V];
-      for (int64_t c = 0; c < V; ++c) kr[c] = load16(key + c * 16);
-      for (int64_t g = 0; g < gn; ++g) {
-        __m512 acc = _mm512_mul_ps(q[g][0], kr[0]);
-        for (int64_t c = 1; c < V; ++c) acc = _mm512_fmadd_ps(q[g][c], kr[c], acc);
-        scores[g * len + s] = _mm512_reduce_add_ps(acc) * scale;
+    const __m512 scale16 = _mm512_set1_ps(scale);
+    k.runs(len, [&](int64_t start, const T* rows, int64_t n) {
+      int64_t t = 0;
+      for (; t + 16 <= n; t += 16) {  // 16 positions' scores per head at once
+        for (int64_t g = 0; g < gn; ++g) {
+          __m512 dots[16];
+          for (int64_t u = 0; u < 16; ++u) {
+            const T* key = rows + (t + u) * DIM;
+            __m512 acc = _mm512_mul_ps(q[g][0], load16(key));
+            for (int64_t c = 1; c < V; ++c) acc = _mm512_fmadd_ps(q[g][c], load16(key + c * 16), acc);
+            dots[u] = acc;
+          }
+          _mm512_storeu_ps(scores + g * len + start + t, _mm512_mul_ps(sum16(dots), scale16));
+        }
+      }
+      for (; t < n; ++t) {
+        const T* key = rows + t * DIM;
+        __m512 kr[V];
+        for (int64_t c = 0; c < V; ++c) kr[c] = load16(key + c * 16);
+        for (int64_t g = 0; g < gn; ++g) {
+          __m512 acc = _mm512_mul_ps(q[g][0], kr[0]);
+          for (int64_t c = 1; c < V; ++c) acc = _mm512_fmadd_ps(q[g][c], kr[c], acc);
+          scores[g * len + start + t] = _mm512_reduce_add_ps(acc) * scale;
+        }
       }
     });
     for (int64_t g = 0; g < gn; ++g) {
