@@ -29,7 +29,15 @@ def _workload(seed: int = 3) -> tuple[list[list[int]], list[SamplingParams]]:
 
 
 def _run(tiny_model_dir, policy: str, keep: bool, num_kv_blocks: int) -> tuple[list, LLM]:
-    llm = LLM(tiny_model_dir, policy=policy, num_kv_blocks=num_kv_blocks, block_size=16)
+    # The gather path is the one without the native kernel (which reads the pool
+    # through the block tables and gathers nothing).
+    llm = LLM(
+        tiny_model_dir,
+        policy=policy,
+        num_kv_blocks=num_kv_blocks,
+        block_size=16,
+        native_attention=False,
+    )
     if not keep:
         llm.engine.runner.attention.gathers.budget_bytes = 0
     prompts, params = _workload()
