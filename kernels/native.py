@@ -90,7 +90,7 @@ def _compiler() -> str:
     return compiler
 
 
-def _command(compiler: str, out: Path) -> list[str]:
+def _command(compiler: str, out: Path, extra_flags: tuple[str, ...] = ()) -> list[str]:
     torch_lib = Path(torch.__file__).parent / "lib"
     openmp = torch.backends.openmp.is_available()  # type: ignore[no-untyped-call]  # unannotated
     parallel = ["-fopenmp", "-DAT_PARALLEL_OPENMP=1"] if openmp else ["-DAT_PARALLEL_NATIVE=1"]
@@ -98,6 +98,7 @@ def _command(compiler: str, out: Path) -> list[str]:
         compiler,
         "-O3",
         "-march=native",
+        *extra_flags,
         *parallel,
         "-fPIC",
         "-shared",
@@ -123,31 +124,33 @@ def _cpu_flags() -> str:
     return next((line for line in lines if line.startswith("flags")), "")
 
 
-def library_path(build_dir: Path, compiler: str) -> Path:
+def library_path(build_dir: Path, compiler: str, extra_flags: tuple[str, ...] = ()) -> Path:
     """Where this source, these flags, this torch and this CPU's build lives."""
     key = hashlib.sha256()
     key.update(SOURCE.read_bytes())
-    key.update(" ".join(_command(compiler, Path("out"))).encode())
+    key.update(" ".join(_command(compiler, Path("out"), extra_flags)).encode())
     key.update(torch.__version__.encode())
     key.update(_cpu_flags().encode())
     return build_dir / f"decode_attention-{key.hexdigest()[:16]}.so"
 
 
-def build(build_dir: Path) -> Path:
-    """The kernel's shared object for this machine, compiled unless already there."""
+def build(build_dir: Path, extra_flags: tuple[str, ...] = ()) -> Path:
+    """The kernel's shared object for this machine, compiled unless already there.
+    ``extra_flags`` go after ``-march=native`` (``-mno-avx512bf16`` builds the path a CPU
+    without AVX512_BF16 runs)."""
     if platform.machine() not in ("x86_64", "AMD64"):
         raise NativeBuildError(f"the kernel is x86-64 AVX-512, this is {platform.machine()}")
     if "avx512f" not in _cpu_flags():
         raise NativeBuildError("this CPU has no AVX-512")
     compiler = _compiler()
-    path = library_path(build_dir, compiler)
+    path = library_path(build_dir, compiler, extra_flags)
     if path.is_file():
         return path
     build_dir.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.stem}.{os.getpid()}.tmp.so")
     try:
         done = subprocess.run(
-            _command(compiler, partial),
+            _command(compiler, partial, extra_flags),
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT_S,

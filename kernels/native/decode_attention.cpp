@@ -5,7 +5,8 @@
 // One pass per (row, KV head): the scores of the heads sharing that KV head (up to CHUNK at a
 // time) from one read of each key, a softmax in float32, then one read of each value; a
 // block's positions are one contiguous run. Only a row's own length is read. K/V are float32
-// or bfloat16 (widened to float32 on load); the query and the output are float32. Built and
+// or bfloat16 (widened to float32 on load; a bfloat16 key's scores by VDPBF16PS where the CPU
+// has AVX512_BF16); the query and the output are float32. Built and
 // loaded by kernels/native.py; kernels/torch_attention.py's gathered batched products are the
 // fallback and kernels/reference.py the oracle both are tested against.
 #ifndef __AVX512F__
@@ -19,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -69,6 +71,60 @@ inline __m512 sum16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(y01, y23, 0x88), _mm512_shuffle_f32x4(y01, y23, 0xDD));
 }
 
+// x rounded to the nearest bfloat16 (ties to even), kept in float32
+inline __m512 round_bf16(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i up = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_castsi512_ps(_mm512_and_si512(up, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// One pass's queries (up to CHUNK heads) against keys: dot(g, key) is a vector whose 16 lanes
+// sum to head g's score for that key. Against bfloat16 keys the query is rounded to bfloat16
+// first (as a bfloat16 model's query already is), so both paths below give the same scores.
+// Widening: keys to float32, one FMA per 16 dims.
+template <typename T, int64_t V, bool DP>
+struct Queries {
+  __m512 q[CHUNK][V];
+  Queries(const float* qh, int64_t gn) {
+    for (int64_t g = 0; g < gn; ++g)
+      for (int64_t c = 0; c < V; ++c) {
+        const __m512 x = _mm512_loadu_ps(qh + g * V * 16 + c * 16);
+        q[g][c] = std::is_same_v<T, uint16_t> ? round_bf16(x) : x;
+      }
+  }
+  __m512 dot(int64_t g, const T* key) const {
+    __m512 acc = _mm512_mul_ps(q[g][0], load16(key));
+    for (int64_t c = 1; c < V; ++c) acc = _mm512_fmadd_ps(q[g][c], load16(key + c * 16), acc);
+    return acc;
+  }
+};
+
+#ifdef __AVX512BF16__
+constexpr bool kBf16Dot = true;
+// bfloat16 keys with AVX512_BF16: the query rounded to bfloat16 (exact where it came from a
+// bfloat16 model) and one VDPBF16PS per 32 dims, products summed in float32.
+template <int64_t V>
+struct Queries<uint16_t, V, true> {
+  __m512bh q[CHUNK][V / 2];
+  Queries(const float* qh, int64_t gn) {
+    for (int64_t g = 0; g < gn; ++g)
+      for (int64_t c = 0; c < V / 2; ++c) {
+        const float* p = qh + g * V * 16 + c * 32;
+        q[g][c] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p));
+      }
+  }
+  static __m512bh keys32(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  __m512 dot(int64_t g, const uint16_t* key) const {
+    __m512 acc = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[g][0], keys32(key));
+    for (int64_t c = 1; c < V / 2; ++c) acc = _mm512_dpbf16_ps(acc, q[g][c], keys32(key + c * 32));
+    return acc;
+  }
+};
+#else
+constexpr bool kBf16Dot = false;
+#endif
+
 // One row's positions under one KV head: blocks of block_size contiguous [dim] rows.
 template <typename T, int64_t DIM>
 struct Paged {
@@ -99,34 +155,21 @@ void attend_item(const float* qh, const Paged<T, V * 16>& k, const Paged<T, V * 
   constexpr int64_t DIM = V * 16;
   for (int64_t g0 = 0; g0 < group; g0 += CHUNK) {
     const int64_t gn = std::min(CHUNK, group - g0);
-    __m512 q[CHUNK][V];
-    for (int64_t g = 0; g < gn; ++g)
-      for (int64_t c = 0; c < V; ++c) q[g][c] = _mm512_loadu_ps(qh + (g0 + g) * DIM + c * 16);
+    constexpr bool dp = kBf16Dot && std::is_same_v<T, uint16_t> && V % 2 == 0;
+    const Queries<T, V, dp> q(qh + g0 * DIM, gn);
     const __m512 scale16 = _mm512_set1_ps(scale);
     k.runs(len, [&](int64_t start, const T* rows, int64_t n) {
       int64_t t = 0;
       for (; t + 16 <= n; t += 16) {  // 16 positions' scores per head at once
         for (int64_t g = 0; g < gn; ++g) {
           __m512 dots[16];
-          for (int64_t u = 0; u < 16; ++u) {
-            const T* key = rows + (t + u) * DIM;
-            __m512 acc = _mm512_mul_ps(q[g][0], load16(key));
-            for (int64_t c = 1; c < V; ++c) acc = _mm512_fmadd_ps(q[g][c], load16(key + c * 16), acc);
-            dots[u] = acc;
-          }
+          for (int64_t u = 0; u < 16; ++u) dots[u] = q.dot(g, rows + (t + u) * DIM);
           _mm512_storeu_ps(scores + g * len + start + t, _mm512_mul_ps(sum16(dots), scale16));
         }
       }
-      for (; t < n; ++t) {
-        const T* key = rows + t * DIM;
-        __m512 kr[V];
-        for (int64_t c = 0; c < V; ++c) kr[c] = load16(key + c * 16);
-        for (int64_t g = 0; g < gn; ++g) {
-          __m512 acc = _mm512_mul_ps(q[g][0], kr[0]);
-          for (int64_t c = 1; c < V; ++c) acc = _mm512_fmadd_ps(q[g][c], kr[c], acc);
-          scores[g * len + start + t] = _mm512_reduce_add_ps(acc) * scale;
-        }
-      }
+      for (; t < n; ++t)
+        for (int64_t g = 0; g < gn; ++g)
+          scores[g * len + start + t] = _mm512_reduce_add_ps(q.dot(g, rows + t * DIM)) * scale;
     });
     for (int64_t g = 0; g < gn; ++g) {
       float* sg = scores + g * len;

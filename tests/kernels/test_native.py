@@ -9,6 +9,9 @@ Shapes cover GQA groups past one pass of four heads, head dims 16 to 128, length
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,14 +28,19 @@ def _pool(gen, kv_heads, num_blocks, dim, dtype):
     return torch.full((kv_heads, num_blocks, BLOCK, dim), float("nan")).to(dtype)
 
 
+SHAPES = [(4, 4, 16), (9, 3, 64), (14, 2, 64), (8, 2, 128), (6, 3, 32), (4, 1, 48), (10, 2, 80)]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(
-    ("heads", "kv_heads", "dim"),
-    [(4, 4, 16), (9, 3, 64), (14, 2, 64), (8, 2, 128), (6, 3, 32), (4, 1, 48), (10, 2, 80)],
-)
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), SHAPES)
 def test_matches_the_oracle(dtype: torch.dtype, heads: int, kv_heads: int, dim: int) -> None:
+    check_against_the_oracle(native_kernels(), dtype, heads, kv_heads, dim)
+
+
+def check_against_the_oracle(
+    kernels: native.NativeKernels, dtype: torch.dtype, heads: int, kv_heads: int, dim: int
+) -> None:
     """Rows of 1, 16, 17, 31, 48, 66 and 67 tokens on shuffled blocks; padded tables."""
-    kernels = native_kernels()
     gen = torch.Generator().manual_seed(heads * dim)
     lens = [1, 16, 17, 31, 48, 66, 67]
     widths = [-(-n // BLOCK) for n in lens]
@@ -53,9 +61,42 @@ def test_matches_the_oracle(dtype: torch.dtype, heads: int, kv_heads: int, dim: 
     scale = dim**-0.5
     out = kernels.paged_decode_attention(query, k_pool, v_pool, tables, seq_lens, scale)
     k_cache, v_cache = k_pool.permute(1, 2, 0, 3), v_pool.permute(1, 2, 0, 3)
-    expected = reference.decode_attention(query, k_cache, v_cache, tables, seq_lens, scale)
+    # against bfloat16 keys the kernel scores the query rounded to bfloat16, the keys' dtype
+    scored = query.to(dtype).float()
+    expected = reference.decode_attention(scored, k_cache, v_cache, tables, seq_lens, scale)
     assert out.dtype == query.dtype and out.shape == query.shape
     torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
+
+
+_WIDENING = """
+import sys
+from pathlib import Path
+import torch
+from kernels import native
+from tests.kernels.test_native import SHAPES, check_against_the_oracle
+
+path = native.build(Path(sys.argv[1]), ("-mno-avx512bf16",))
+torch.ops.load_library(str(path))
+for shape in SHAPES:
+    check_against_the_oracle(native.NativeKernels(path), torch.bfloat16, *shape)
+print("checked", len(SHAPES))
+"""
+
+
+def test_the_path_without_avx512_bf16_scores_as_the_bf16_products_do(tmp_path) -> None:
+    """Built with ``-mno-avx512bf16`` (a CPU without VDPBF16PS widens bfloat16 keys to
+    float32), in a process of its own (an op namespace loads once), against the same oracle."""
+    native_kernels()  # skips where nothing can be built
+    done = subprocess.run(
+        [sys.executable, "-c", _WIDENING, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"checked {len(SHAPES)}" in done.stdout
 
 
 def test_a_bfloat16_query_comes_back_in_bfloat16() -> None:
