@@ -102,7 +102,8 @@ def _build(
         log.info("loading %s", model_dir)
         llm_engine = LLMEngine.from_config(config)
         in_force, refused = _fitting(stored, llm_engine.front.limits)
-        llm_engine.set_policy(in_force.policy, version=row.version).result()  # not started yet
+        # not started yet: in force before the first request
+        llm_engine.set_policy(in_force.policy, version=row.version, queue=in_force.queue).result()
         local = LocalEngine(llm_engine, in_force, on_finished)
         service, testing = local, (local if settings.testing else None)
     else:  # the engines run on Ray Serve; this process holds their tokenizer-only front

@@ -35,7 +35,10 @@ from engine.sampling_params import SamplingParams
 from engine.sequence import NO_BLOCKS, Sequence
 from engine.snapshot import EngineSnapshot
 from engine.stats import EngineStats, StepRecord
+from engine.tenants import TenantLedger
 from policies.base import SchedulingPolicy
+from policies.discipline import QueueDiscipline, make_discipline
+from policies.queue import FairQueue, FcfsQueue, QueueSpec
 from policies.registry import as_spec, make_policy
 from policies.spec import PolicySpec
 
@@ -54,6 +57,7 @@ class LLMEngine:
         vocab_size: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         policy: PolicySpec | str | Mapping[str, Any] | None = None,
+        queue: QueueSpec | None = None,
     ) -> None:
         self.config = config
         self.runner = runner
@@ -66,8 +70,14 @@ class LLMEngine:
             config.memory_reserve,
             config.enable_prefix_caching,
         )
+        self.tenants = TenantLedger()
+        """Each tenant's service so far (engine/tenants.py); kept across every switch."""
+        self.queue_spec: QueueSpec = queue or FcfsQueue()
+        self.tenants.configure(self.queue_spec.cost())
         self.policy_spec = as_spec(policy or config.policy)
-        self.policy: SchedulingPolicy = make_policy(self.policy_spec, limits, self.blocks, clock)
+        self.policy: SchedulingPolicy = make_policy(
+            self.policy_spec, limits, self.blocks, clock, self._discipline(self.queue_spec)
+        )
         self.policy_version: int | None = None
         """The version given with the running policy to ``set_policy`` (None: not given)."""
         self.stats = EngineStats()
@@ -90,6 +100,7 @@ class LLMEngine:
         clock: Callable[[], float] = time.monotonic,
         bundle: ModelBundle | None = None,
         policy: PolicySpec | str | Mapping[str, Any] | None = None,
+        queue: QueueSpec | None = None,
     ) -> LLMEngine:
         """Load the checkpoint (or reuse a loaded ``bundle``) and size a fresh KV pool."""
         from engine.builder import build_runner, load_bundle
@@ -106,6 +117,7 @@ class LLMEngine:
             vocab_size=bundle.config.vocab_size,
             clock=clock,
             policy=policy,
+            queue=queue,
         )
 
     # -- requests -----------------------------------------------------------------------
@@ -129,22 +141,31 @@ class LLMEngine:
         Every prompt is checked first (``RequestRejected`` names the one refused); the room in
         the waiting queue for all of them and their ids are checked under the inbox lock, where
         they are appended, so a ``QueueFull`` queues none and two batches never overfill it.
-        They join the policy at the next step."""
+        They join the policy at the next step. Under the ``fair`` queue a tenant's share of
+        the waiting queue is bounded too (``QuotaExceeded``, a ``QueueFull``: its neighbours
+        still get in); every refusal is counted against its tenants."""
         self.front.check_batch(batch)
         ids = request_ids(batch)
         arrival = self.clock() if arrival_time is None else arrival_time
         seqs = [self._new_sequence(q.request_id, q.token_ids, q.params, arrival) for q in batch]
         max_waiting = self.config.max_waiting
+        queue = self.queue_spec  # read once: a switch replaces it whole
+        quota = queue.quota(max_waiting) if isinstance(queue, FairQueue) else None
         with self._inbox_lock:
+            accounts = self.tenants.admit([q.tenant for q in batch], quota)
             room = max_waiting - self.num_waiting
             if len(seqs) > room:
+                self.tenants.refuse(accounts)
                 raise QueueFull(_no_room(len(seqs), room, max_waiting))
             queued = {seq.seq_id for seq in self._inbox}
             for request_id in ids:
                 if request_id in self._sequences or request_id in queued:
+                    self.tenants.refuse(accounts)
                     raise RequestRejected(
                         f"request id {request_id!r} is already in use", "request_id"
                     )
+            for seq, prompt, account in zip(seqs, batch, accounts, strict=True):
+                seq.priority, seq.tenant, seq.account = prompt.priority, account.name, account
             self._inbox.extend(seqs)
         self.wakeup.set()
         return ids
@@ -207,6 +228,7 @@ class LLMEngine:
                 for entry in batch.entries:
                     if entry.seq.first_scheduled_time is None:
                         entry.seq.first_scheduled_time = now
+                        self._left_queue(entry.seq, charge=True)
                 counts = batch.token_counts()
                 self.current_step = StepInfo.of(self.stats.num_steps + 1, batch, counts)
                 result = self.runner.execute(batch)
@@ -281,6 +303,8 @@ class LLMEngine:
                 failed.append(seq)
                 continue
             seq.append_token(token, now, logprob)
+            if (account := seq.account) is not None:
+                account.charge_output()
             if seq.finish_if_stopped(token, now, eos_token_ids, max_model_len):
                 finished.append(seq)
             siblings = (
@@ -309,6 +333,8 @@ class LLMEngine:
         it and count it; returns its last output."""
         self._sequences.pop(seq.seq_id, None)
         self.policy.abort(seq.seq_id)  # frees its blocks
+        if seq.first_scheduled_time is None:
+            self._left_queue(seq, charge=False)
         seq.finish(reason, now)
         self.stats.record_finish(RequestMetrics.of(seq), seq.num_output_tokens)
         return RequestOutput.of(seq, [], error, self.families.left(seq))
@@ -322,25 +348,45 @@ class LLMEngine:
                 self._sequences[seq.seq_id] = seq
         for seq in arrived:
             self.families.admit(seq)
+            if seq.account is not None:
+                self.tenants.join(seq.account)
             self.policy.add(seq)
+
+    def _left_queue(self, seq: Sequence, charge: bool) -> None:
+        """``seq`` was scheduled for the first time (its prompt is charged to its tenant), or
+        ended before it was: it no longer counts as its tenant's waiting request."""
+        if (account := seq.account) is None:
+            return
+        self.tenants.leave(account)
+        self.tenants.release(account)
+        if charge:
+            self.tenants.charge_prompt(account, seq.num_prompt_tokens)
 
     def _queued(self) -> list[Sequence]:
         with self._inbox_lock:
             return list(self._inbox)
 
     def set_policy(
-        self, spec: PolicySpec | str | Mapping[str, Any], version: int | None = None
+        self,
+        spec: PolicySpec | str | Mapping[str, Any],
+        version: int | None = None,
+        queue: QueueSpec | None = None,
     ) -> Future[PolicySpec]:
         """Validate now (raises pydantic's ValidationError); switch at the next boundary.
         ``version`` (the control plane's policy version) is recorded with the switch and
-        reported by ``snapshot().policy_version``."""
+        reported by ``snapshot().policy_version``. ``queue`` (None: the one in force) is the
+        queue discipline; the tenants' counters carry across."""
         spec = as_spec(spec)
-        new_policy = make_policy(spec, self.front.limits, self.blocks, self.clock)
+        new_queue = queue or self.queue_spec
+        discipline = self._discipline(new_queue)
+        new_policy = make_policy(spec, self.front.limits, self.blocks, self.clock, discipline)
 
         def switch() -> PolicySpec:
             new_policy.adopt(self.policy.handover())
             new_policy.num_preemptions = self.policy.num_preemptions
             self.policy, self.policy_spec, self.policy_version = new_policy, spec, version
+            self.tenants.configure(new_queue.cost())
+            self.queue_spec = new_queue
             return spec
 
         return self.commands.submit(switch)
@@ -402,9 +448,14 @@ class LLMEngine:
             sequences=self._sequences.values(),
             queued=self._queued(),
             max_waiting=self.config.max_waiting,
+            queue_order=self.queue_spec,
+            tenants=self.tenants.accounts(),
             blocks=self.blocks,
             stats=self.stats,
         )
+
+    def _discipline(self, queue: QueueSpec) -> QueueDiscipline:
+        return make_discipline(queue, self.tenants)
 
     @property
     def _device(self) -> torch.device:

@@ -25,6 +25,17 @@ class QueueFull(RuntimeError):
     """The bounded waiting queue is full; the client should retry later."""
 
 
+class QuotaExceeded(QueueFull):
+    """A tenant's share of the waiting queue is full (the fair queue's quota): its neighbours
+    still get in."""
+
+    def __init__(self, tenant: str, queued: int, quota: int) -> None:
+        super().__init__(
+            f"tenant {tenant!r} has {queued} requests waiting; its share of the queue is {quota}"
+        )
+        self.tenant = tenant
+
+
 class CheckpointError(ValueError):
     """A checkpoint folder the engine cannot load: a missing file, an unsupported architecture
     or setting, a tensor of the wrong shape. The message names the file, the architecture or

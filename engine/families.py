@@ -79,6 +79,8 @@ class Family:
             child.num_computed_tokens = len(prompt) - 1  # recomputed: samples its own token
             child.num_cached_tokens = parent.num_cached_tokens
             child.first_scheduled_time = parent.first_scheduled_time
+            child.priority, child.tenant = parent.priority, parent.tenant
+            child.account = parent.account  # its tokens are its tenant's service too
             child.prompt_logprobs = parent.prompt_logprobs  # complete: the prompt is computed
             sequences[seq_id] = child
             children.append(child)

@@ -30,6 +30,13 @@ from engine.model.config import ModelConfig
 from engine.model.formats import checkpoint_files, is_gguf
 from engine.parallel.shard import Shard, check_divisible
 from engine.sampling_params import SamplingParams
+from engine.tenants import (
+    DEFAULT_PRIORITY,
+    DEFAULT_TENANT,
+    MAX_PRIORITY,
+    MAX_TENANT_NAME,
+    MIN_PRIORITY,
+)
 
 if TYPE_CHECKING:
     from engine.builder import RandomWeights
@@ -46,6 +53,10 @@ class QueuedPrompt:
     token_ids: list[int]
     params: SamplingParams
     request_id: str
+    priority: int = DEFAULT_PRIORITY
+    """Lower is served earlier (vLLM's meaning), where the queue discipline orders by it."""
+    tenant: str = DEFAULT_TENANT
+    """Who the request belongs to (the fair queue's unit; engine/tenants.py)."""
 
 
 def request_ids(batch: Sequence[QueuedPrompt]) -> list[str]:
@@ -119,9 +130,22 @@ class EngineFront:
         batch, naming which prompt it is."""
         for index, prompt in enumerate(batch):
             try:
+                check_owner(prompt)
                 self.check_request(prompt.token_ids, prompt.params)
             except RequestRejected as exc:
                 raise exc.in_batch(index, len(batch)) from None
+
+
+def check_owner(prompt: QueuedPrompt) -> None:
+    """``RequestRejected`` for a priority out of bounds or a tenant name that is empty or too
+    long (a server validates both at its edge; this is the in-process caller's)."""
+    if not MIN_PRIORITY <= prompt.priority <= MAX_PRIORITY:
+        raise RequestRejected(
+            f"priority must be in [{MIN_PRIORITY}, {MAX_PRIORITY}], got {prompt.priority}",
+            "priority",
+        )
+    if not 0 < len(prompt.tenant) <= MAX_TENANT_NAME:
+        raise RequestRejected(f"tenant name must have 1 to {MAX_TENANT_NAME} characters", "tenant")
 
 
 def load_tokenizer(path: Path) -> Tokenizer | None:

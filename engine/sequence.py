@@ -12,6 +12,7 @@ import torch
 from engine.block_table import BlockTable
 from engine.detokenizer import IncrementalDetokenizer
 from engine.sampling_params import SamplingParams
+from engine.tenants import DEFAULT_PRIORITY, DEFAULT_TENANT, TenantAccount
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -64,6 +65,12 @@ class Sequence:
     request_id: str = ""
     logprobs: list[TokenLogprob] | None = None
     """One per output token when the request asks for them (``SamplingParams.logprobs``)."""
+    priority: int = DEFAULT_PRIORITY
+    """Lower is served earlier where the queue discipline orders by it (engine/tenants.py)."""
+    tenant: str = DEFAULT_TENANT
+    account: TenantAccount | None = None
+    """The engine's ledger entry of ``tenant`` (charged per sampled token); None outside an
+    engine."""
     prompt_logprobs: list[TokenLogprob] | None = None
     """Entry ``i`` is prompt token ``i + 1``'s (``SamplingParams.prompt_logprobs``), filled as
     the prompt's chunks are computed; complete once the first output token is sampled."""

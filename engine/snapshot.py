@@ -15,8 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 from pydantic.dataclasses import dataclass
 
 from engine.kv_stats import KVStats, ReclaimResult
-from engine.sequence import Sequence
+from engine.sequence import Sequence, SequenceStatus
 from engine.stats import EngineStats
+from engine.tenants import TenantAccount
+from policies.queue import QueueSpec
 from policies.snapshot import PolicySnapshot
 from policies.spec import PolicySpec
 
@@ -35,6 +37,8 @@ class RequestSnapshot(BaseModel):
     blocks: int = Field(description="KV blocks the request holds.")
     age_s: float = Field(description="Seconds since it arrived.")
     preemptions: int
+    tenant: str = Field(description="Who it belongs to (its API key's name, or its user).")
+    priority: int = Field(description="Lower is served earlier under the priority queue.")
 
     @classmethod
     def of(cls, seq: Sequence, blocks: int, now: float) -> RequestSnapshot:
@@ -46,6 +50,37 @@ class RequestSnapshot(BaseModel):
             blocks=blocks,
             age_s=now - seq.arrival_time,
             preemptions=seq.num_preemptions,
+            tenant=seq.tenant,
+            priority=seq.priority,
+        )
+
+
+class TenantSnapshot(BaseModel):
+    """One tenant's service so far (engine/tenants.py), with its requests now."""
+
+    model_config = FROZEN
+    name: str
+    weight: float = Field(description="Its share weight under the fair queue.")
+    counter: float = Field(
+        description="Its virtual token counter: weighted service over its weight (VTC)."
+    )
+    input_tokens: int = Field(description="Prompt tokens served (charged when scheduled).")
+    output_tokens: int = Field(description="Output tokens served.")
+    waiting: int
+    running: int
+    refused: int = Field(description="Requests refused with 429 (a full queue or its quota).")
+
+    @classmethod
+    def of(cls, account: TenantAccount, seqs: list[Sequence]) -> TenantSnapshot:
+        return cls(
+            name=account.name,
+            weight=account.weight,
+            counter=account.counter,
+            input_tokens=account.input_tokens,
+            output_tokens=account.output_tokens,
+            waiting=sum(s.status is SequenceStatus.WAITING for s in seqs),
+            running=sum(s.status is SequenceStatus.RUNNING for s in seqs),
+            refused=account.refused,
         )
 
 
@@ -121,6 +156,8 @@ class EngineSnapshot(BaseModel):
     memory_reserve: float
     uptime_s: float
     requests: tuple[RequestSnapshot, ...]
+    queue_order: QueueSpec = Field(description="The queue discipline in force.")
+    tenants: tuple[TenantSnapshot, ...] = Field(description="Every tenant seen, by first seen.")
     kv: KVStats
     block_map: str = Field(description="One character per block: '.' free, '#' used, 'c' cached.")
     throughput: Throughput
@@ -140,16 +177,22 @@ class EngineSnapshot(BaseModel):
         sequences: Iterable[Sequence],
         queued: list[Sequence],
         max_waiting: int,
+        queue_order: QueueSpec,
+        tenants: Iterable[TenantAccount],
         blocks: BlockManager,
         stats: EngineStats,
     ) -> EngineSnapshot:
         """The picture of an engine at a step boundary: ``sequences`` are the ones it has taken
         in, ``queued`` the ones not taken in yet (they count as waiting), ``scheduler`` the
         running policy's own snapshot."""
+        seqs = [*sequences, *queued]
         requests = tuple(
             RequestSnapshot.of(s, len(blocks.table(s.seq_id)) if blocks.holds(s.seq_id) else 0, now)
-            for s in [*sequences, *queued]
+            for s in seqs
         )
+        by_tenant: dict[str, list[Sequence]] = {}
+        for seq in seqs:
+            by_tenant.setdefault(seq.tenant, []).append(seq)
         # a fresh model: the queued requests count as waiting
         scheduler = scheduler.model_copy(update={"waiting": scheduler.waiting + len(queued)})
         return cls(
@@ -162,6 +205,8 @@ class EngineSnapshot(BaseModel):
             memory_reserve=blocks.memory_reserve,
             uptime_s=now - started_at,
             requests=requests,
+            queue_order=queue_order,
+            tenants=tuple(TenantSnapshot.of(a, by_tenant.get(a.name, [])) for a in tenants),
             kv=blocks.stats(),
             block_map=blocks.block_map(),
             throughput=Throughput.model_validate(stats.throughput(now)),

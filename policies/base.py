@@ -16,9 +16,10 @@ time only from the engine's clock, handed in when they are built, so a virtual c
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar, Literal
 
 from pydantic import (
@@ -36,6 +37,8 @@ from engine.config import EngineLimits
 from engine.kv_cache import BlockManager
 from engine.kv_step import StepChanges
 from engine.sequence import NO_BLOCKS, Sequence, SequenceStatus
+from engine.tenants import TenantLedger
+from policies.discipline import Fcfs, QueueDiscipline, SortKey
 from policies.json_types import JsonNumberOrNull
 from policies.snapshot import PolicySnapshot
 
@@ -143,11 +146,14 @@ class SchedulingPolicy(ABC):
         limits: EngineLimits,
         blocks: BlockManager,
         clock: Callable[[], float],
+        discipline: QueueDiscipline | None = None,
     ) -> None:
         self.params = params
         self.limits = limits
         self.blocks = blocks
         self.clock = clock
+        self.discipline = discipline or Fcfs(TenantLedger())
+        """Whose sequence goes first (the setting's ``queue``; first come, first served)."""
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -270,13 +276,17 @@ class SchedulingPolicy(ABC):
         deadline = self.clock() - limit
         return sorted((s for s in seqs if s.arrival_time < deadline), key=lambda s: s.arrival_time)
 
-    def _admission_order(self, waiting: list[Sequence]) -> list[Sequence]:
-        """``waiting`` in the policy's order, with overdue sequences moved to the front."""
+    def _admission_order(
+        self, waiting: list[Sequence], key: SortKey | None = None
+    ) -> Iterator[Sequence]:
+        """``waiting`` in the discipline's order (``key``: the policy's own among equals), with
+        overdue sequences moved to the front, oldest first."""
         overdue = self._overdue(waiting)
         if not overdue:
-            return waiting
+            return self.discipline.order(waiting, key)
         first = set(overdue)
-        return overdue + [s for s in waiting if s not in first]
+        rest = self.discipline.order([s for s in waiting if s not in first], key)
+        return itertools.chain(overdue, rest)
 
     def _prefix_hits(self, seq: Sequence) -> list[int]:
         """Cached blocks holding ``seq``'s leading tokens; none for a request that asks for
@@ -314,9 +324,9 @@ class SchedulingPolicy(ABC):
     def _reserve_slots(
         self, seq: Sequence, num_tokens: int, batch: ScheduledBatch, may_preempt: bool = True
     ) -> bool:
-        """Make room for ``num_tokens`` more of ``seq``'s tokens, preempting the newest running
-        sequences while the pool is empty. False when ``seq`` itself had to go (or, without
-        ``may_preempt``, when there is no room).
+        """Make room for ``num_tokens`` more of ``seq``'s tokens, preempting running sequences
+        (the discipline's victim: the newest under fcfs) while the pool is empty. False when
+        ``seq`` itself had to go (or, without ``may_preempt``, when there is no room).
 
         Preemption must not follow an admission in the same step: a newly admitted request
         may already share blocks that an older one publishes in this step.
@@ -326,7 +336,7 @@ class SchedulingPolicy(ABC):
         while not changes.grow(seq.seq_id, start, start + num_tokens):
             if not may_preempt:
                 return False
-            victim = self.running[-1]
+            victim = self.discipline.victim(self.running)
             self._preempt(victim, batch)
             if victim is seq:
                 return False

@@ -31,6 +31,7 @@ from policies.base import (
     SchedulingPolicy,
     max_wait_field,
 )
+from policies.discipline import QueueDiscipline
 from policies.json_types import JsonBool, JsonIntOrNull, JsonNumberOrNull
 
 DEFAULT_MAX_PREFILL_TOKENS: int | None = 256
@@ -84,8 +85,9 @@ class ContinuousPolicy(SchedulingPolicy):
         limits: EngineLimits,
         blocks: BlockManager,
         clock: Callable[[], float],
+        discipline: QueueDiscipline | None = None,
     ) -> None:
-        super().__init__(params, limits, blocks, clock)
+        super().__init__(params, limits, blocks, clock, discipline)
         self.max_num_seqs = params.max_num_seqs or limits.max_num_seqs
         self.token_budget = params.max_num_batched_tokens or limits.max_num_batched_tokens
         self.prefill_cap = min(params.max_prefill_tokens or self.token_budget, self.token_budget)
@@ -111,6 +113,8 @@ class ContinuousPolicy(SchedulingPolicy):
         room = self._prefill_room(budget)
         for seq in prefills:
             room -= self._continue(batch, seq, room)
+        if self.discipline.preempts and self.waiting and not batch.preempted:
+            self._displace(batch)
         if not batch.preempted and self._may_admit(room):
             for seq in self._admission_order(list(self.waiting)):
                 used = self._try_admit(batch, seq, room)
@@ -118,6 +122,20 @@ class ContinuousPolicy(SchedulingPolicy):
                     break
                 room -= used
         return batch
+
+    def _displace(self, batch: ScheduledBatch) -> None:
+        """Priority preemption: when the best waiting sequence cannot be admitted (the batch is
+        full, or the pool cannot hold its prompt), one running sequence of a higher priority
+        value (the discipline's victim among them) is preempted. The waiting one is admitted
+        at the next step: an admission never follows a preemption in the same step."""
+        head = min(self.waiting, key=lambda s: s.priority)
+        if len(self.running) < self.running_cap and self.blocks.can_admit(
+            self._prefix_hits(head), head.num_tokens
+        ):
+            return
+        below = [s for s in self.running if self.discipline.displaces(head, s)]
+        if below:
+            self._preempt(self.discipline.victim(below), batch)
 
     def _prefill_room(self, budget: int) -> int:
         """Prefill tokens the step may still take once its decodes are scheduled with

@@ -31,13 +31,16 @@ class DynamicPolicy(PaddedGroupPolicy):
     params: DynamicParams
 
     def _form_groups(self) -> list[list[Sequence]]:
-        count = min(len(self.waiting), 2 * self.max_batch_size)
-        drained = sorted((self.waiting.popleft() for _ in range(count)), key=lambda s: s.num_tokens)
+        rank = self.discipline.rank
+        drained = sorted(
+            self._take_waiting(2 * self.max_batch_size), key=lambda s: (rank(s), s.num_tokens)
+        )
         groups: list[list[Sequence]] = []
         for seq in drained:
             current = groups[-1] if groups else None
             if (
                 current is None
+                or rank(seq) != rank(current[0])
                 or seq.num_tokens - current[0].num_tokens >= self.params.length_window
                 or len(current) >= self.max_batch_size
             ):

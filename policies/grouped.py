@@ -11,6 +11,7 @@ ends. Groups run one after another; arrivals wait for the running group. With ag
 
 from __future__ import annotations
 
+import itertools
 from abc import abstractmethod
 from collections import deque
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from engine.config import EngineLimits
 from engine.kv_cache import BlockManager
 from engine.sequence import Sequence, SequenceStatus
 from policies.base import PolicyParams, SchedulingPolicy
+from policies.discipline import QueueDiscipline
 from policies.snapshot import PolicySnapshot
 
 
@@ -46,8 +48,9 @@ class PaddedGroupPolicy(SchedulingPolicy):
         limits: EngineLimits,
         blocks: BlockManager,
         clock: Callable[[], float],
+        discipline: QueueDiscipline | None = None,
     ) -> None:
-        super().__init__(params, limits, blocks, clock)
+        super().__init__(params, limits, blocks, clock, discipline)
         self.group: list[Sequence] = []
         self.queued_groups: deque[list[Sequence]] = deque()
         self.max_batch_size = min(params.max_batch_size, limits.max_num_seqs)
@@ -57,6 +60,13 @@ class PaddedGroupPolicy(SchedulingPolicy):
     @abstractmethod
     def _form_groups(self) -> list[list[Sequence]]:
         """Take sequences off ``self.waiting`` and cut them into groups, in run order."""
+
+    def _take_waiting(self, count: int) -> list[Sequence]:
+        """The first ``count`` waiting sequences in the discipline's order, taken off the queue."""
+        taken = list(itertools.islice(self.discipline.order(self.waiting), count))
+        chosen = {id(s) for s in taken}
+        self.waiting = deque(s for s in self.waiting if id(s) not in chosen)
+        return taken
 
     # -- interface ----------------------------------------------------------------------
 

@@ -11,6 +11,8 @@ alone, a request's prefill never shares a step with a decode, so only the token 
 
 from __future__ import annotations
 
+import itertools
+
 from pydantic import Field
 
 from engine.batch import ScheduledBatch
@@ -52,11 +54,17 @@ class HybridPolicy(ContinuousPolicy):
         if budget <= 0 or not (running_prefills or self._may_admit(budget)):
             return batch  # nothing below could run or be admitted: skip sorting the queue
         window = self.params.length_window
-        prefills = running_prefills + list(self.waiting)
-        prefills.sort(
-            key=lambda s: ((len(s.token_ids) - s.num_computed_tokens) // window, s.arrival_time)
-        )
-        for seq in self._with_overdue_first(prefills):
+
+        def bucket(s: Sequence) -> tuple[int, float]:
+            return (len(s.token_ids) - s.num_computed_tokens) // window, s.arrival_time
+
+        running_prefills.sort(key=bucket)
+        if self.discipline.preempts and self.waiting:
+            self._displace(batch)
+            if batch.preempted:
+                return batch
+        admitting = self._admission_order(list(self.waiting), bucket)
+        for seq in itertools.chain(running_prefills, admitting):
             if seq.status is SequenceStatus.RUNNING:
                 budget -= self._continue(batch, seq, budget, may_preempt=False)
                 continue
@@ -66,23 +74,16 @@ class HybridPolicy(ContinuousPolicy):
             budget -= used
         return batch
 
-    def _with_overdue_first(self, prefills: list[Sequence]) -> list[Sequence]:
-        """Running prefills keep going first (they hold blocks), then overdue waiting
-        sequences oldest first, then the rest in bucket order. Unchanged when none is overdue."""
-        overdue = self._overdue(self.waiting)
-        if not overdue:
-            return prefills
-        first = set(overdue)
-        running = [s for s in prefills if s.status is SequenceStatus.RUNNING]
-        rest = [s for s in prefills if s.status is not SequenceStatus.RUNNING and s not in first]
-        return running + overdue + rest
-
     def _schedule_single(self) -> ScheduledBatch:
         """The oldest running sequence runs alone. Several run after a switch, a lowered cap or
         when the queue falls under the threshold: they finish one after another, oldest
         first, and nobody is admitted until none is left (a newcomer would take blocks while
         they hold theirs, and a dry pool preempts)."""
         batch = ScheduledBatch(mode="hybrid-single")
+        if self.running and self.discipline.preempts and self.waiting:
+            self._displace(batch)  # the one running gives way to a lower priority value
+            if batch.preempted:
+                return batch
         if self.running:
             for seq in sorted(self.running, key=lambda s: s.arrival_time):
                 if self._continue(batch, seq, self.token_budget):
@@ -90,7 +91,7 @@ class HybridPolicy(ContinuousPolicy):
             return batch
         overdue = set(self._overdue(self.waiting))
         admitting = True  # an overdue sequence that does not fit blocks newer admissions
-        for seq in sorted(self.waiting, key=lambda s: s.arrival_time):
+        for seq in self._admission_order(list(self.waiting), _arrival):
             if not admitting:
                 break
             used = self._try_admit(batch, seq, self.token_budget)
@@ -106,3 +107,7 @@ class HybridPolicy(ContinuousPolicy):
     @property
     def mode(self) -> str:
         return "single" if self.single_mode else "batched"
+
+
+def _arrival(seq: Sequence) -> float:
+    return seq.arrival_time

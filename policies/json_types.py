@@ -42,5 +42,6 @@ def json_typed(*kinds: JsonType) -> BeforeValidator:
 
 JsonInt = Annotated[int, json_typed("integer")]
 JsonIntOrNull = Annotated[int | None, json_typed("integer", "null")]
+JsonNumber = Annotated[float, json_typed("number")]
 JsonNumberOrNull = Annotated[float | None, json_typed("number", "null")]
 JsonBool = Annotated[bool, json_typed("boolean")]

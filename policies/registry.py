@@ -9,6 +9,7 @@ from engine.config import EngineLimits
 from engine.kv_cache import BlockManager
 from policies.base import SchedulingPolicy
 from policies.continuous import ContinuousPolicy
+from policies.discipline import QueueDiscipline
 from policies.dynamic import DynamicPolicy
 from policies.hybrid import HybridPolicy
 from policies.spec import PolicySpec, check_caps, default_spec, parse_spec
@@ -34,12 +35,14 @@ def make_policy(
     limits: EngineLimits,
     blocks: BlockManager,
     clock: Callable[[], float],
+    discipline: QueueDiscipline | None = None,
 ) -> SchedulingPolicy:
     """``spec`` is validated where it came in (its params typed, the engine caps checked
     there); ``clock`` is the engine's: policies read time (aging) from it, never the wall
-    clock. Raises pydantic's ValidationError for params above this engine's caps."""
+    clock; ``discipline`` the queue's order (None: first come, first served).
+    Raises pydantic's ValidationError for params above this engine's caps."""
     check_caps(spec, limits)
-    return POLICIES[spec.name](spec.params, limits, blocks, clock)
+    return POLICIES[spec.name](spec.params, limits, blocks, clock, discipline)
 
 
 def params_schemas() -> dict[str, dict[str, Any]]:

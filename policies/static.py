@@ -22,5 +22,4 @@ class StaticPolicy(PaddedGroupPolicy):
     params_model = StaticParams
 
     def _form_groups(self) -> list[list[Sequence]]:
-        count = min(len(self.waiting), self.max_batch_size)
-        return [[self.waiting.popleft() for _ in range(count)]]
+        return [self._take_waiting(self.max_batch_size)]

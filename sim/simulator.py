@@ -17,10 +17,13 @@ from typing import Any
 from engine.config import EngineConfig, EngineLimits, config_default
 from engine.engine import LLMEngine
 from engine.errors import QueueFull, RequestRejected
+from engine.front import QueuedPrompt
 from engine.outputs import RequestMetrics
 from engine.runner import Runner
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats, StepRecord
+from engine.tenants import DEFAULT_PRIORITY, DEFAULT_TENANT
+from policies.queue import QueueSpec
 from policies.spec import PolicySpec
 from sim.clock import VirtualClock
 from sim.cost_model import CostModel
@@ -64,6 +67,8 @@ class SimRecord:
     output_tokens: int
     metrics: RequestMetrics
     finish_reason: str | None = None
+    tenant: str = DEFAULT_TENANT
+    priority: int = DEFAULT_PRIORITY
 
 
 @dataclass(slots=True)
@@ -94,6 +99,7 @@ def build_engine(
     policy: PolicySpec | str | dict[str, Any],
     setup: SimSetup,
     max_model_len: int,
+    queue: QueueSpec | None = None,
 ) -> tuple[LLMEngine, VirtualClock, CostModelRunner]:
     """The engine the server would build, with a virtual clock and the cost-model runner."""
     num_blocks = setup.num_kv_blocks or cost_model.kv_cache_blocks(setup.block_size)
@@ -119,7 +125,7 @@ def build_engine(
     )
     clock = VirtualClock()
     runner = CostModelRunner(cost_model, clock)
-    engine = LLMEngine(config, runner, limits, clock=clock, policy=policy)
+    engine = LLMEngine(config, runner, limits, clock=clock, policy=policy, queue=queue)
     return engine, clock, runner
 
 
@@ -152,14 +158,17 @@ def simulate(
     policy: PolicySpec | str | dict[str, Any],
     setup: SimSetup | None = None,
     wrap_runner: Callable[[Runner], Runner] | None = None,
+    queue: QueueSpec | None = None,
 ) -> SimResult:
     """Run the trace to completion; ``wrap_runner`` may wrap the cost-model runner (the bench
-    wraps it in its ``RecordingRunner`` to note each step's padding)."""
+    wraps it in its ``RecordingRunner`` to note each step's padding); ``queue`` is the queue
+    discipline (None: first come, first served), each request's tenant and priority the
+    trace's."""
     setup = setup or SimSetup()
     max_len = setup.max_model_len or getattr(cost_model, "max_model_len", None)
     if not max_len:
         max_len = max((r.num_prefill_tokens + r.num_decode_tokens for r in requests), default=2)
-    engine, clock, runner = build_engine(cost_model, policy, setup, max_len)
+    engine, clock, runner = build_engine(cost_model, policy, setup, max_len, queue)
     if wrap_runner is not None:
         engine.runner = wrap_runner(runner)
     result = SimResult(
@@ -183,8 +192,9 @@ def simulate(
             params = SamplingParams(
                 max_tokens=r.num_decode_tokens, temperature=0.0, ignore_eos=True
             )
+            prompt = QueuedPrompt(_prompt(i, r), params, f"r{i}", r.priority, r.tenant)
             try:
-                engine.add_request(_prompt(i, r), params, f"r{i}", r.arrived_at)
+                engine.add_requests([prompt], r.arrived_at)
             except (QueueFull, RequestRejected):
                 result.refused += 1
         if not engine.has_unfinished_requests():
@@ -214,6 +224,8 @@ def simulate(
                         len(out.metrics.token_times),
                         out.metrics,
                         out.finish_reason,
+                        requests[i].tenant,
+                        requests[i].priority,
                     )
                 )
     ends = [r.metrics.finish_time for r in result.records if r.metrics.finish_time is not None]

@@ -2,7 +2,9 @@
 
 The CSV uses Vidur's column names (``arrived_at`` in seconds, token counts) plus an optional
 ``shared_prefix``: how many leading prompt tokens the request shares with every other request
-that has one (a common system prompt), so the prefix cache shares only what the trace says.
+that has one (a common system prompt), so the prefix cache shares only what the trace says,
+and optional ``tenant`` and ``priority`` (who sent it, and its priority: lower is served earlier
+under the priority queue), written only where some row differs from the default.
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.tenants import DEFAULT_PRIORITY, DEFAULT_TENANT
+
 COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 SHARED_PREFIX = "shared_prefix"
+TENANT = "tenant"
+PRIORITY = "priority"
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +29,8 @@ class TraceRequest:
     num_prefill_tokens: int
     num_decode_tokens: int
     shared_prefix: int = 0
+    tenant: str = DEFAULT_TENANT
+    priority: int = DEFAULT_PRIORITY
 
     def __post_init__(self) -> None:
         if self.arrived_at < 0 or self.num_prefill_tokens < 1 or self.num_decode_tokens < 1:
@@ -44,6 +52,8 @@ def read_trace(path: Path | str) -> list[TraceRequest]:
                 int(row["num_prefill_tokens"]),
                 int(row["num_decode_tokens"]),
                 int(row.get(SHARED_PREFIX) or 0),
+                row.get(TENANT) or DEFAULT_TENANT,
+                int(row.get(PRIORITY) or DEFAULT_PRIORITY),
             )
             for row in reader
         ]
@@ -52,12 +62,16 @@ def read_trace(path: Path | str) -> list[TraceRequest]:
 def write_trace(path: Path | str, requests: Iterable[TraceRequest]) -> None:
     requests = list(requests)
     shared = any(r.shared_prefix for r in requests)
+    owned = any(r.tenant != DEFAULT_TENANT or r.priority != DEFAULT_PRIORITY for r in requests)
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(COLUMNS + ((SHARED_PREFIX,) if shared else ()))
+        extra = ((SHARED_PREFIX,) if shared else ()) + ((TENANT, PRIORITY) if owned else ())
+        writer.writerow(COLUMNS + extra)
         for r in requests:
-            row = [repr(r.arrived_at), r.num_prefill_tokens, r.num_decode_tokens]
-            writer.writerow(row + ([r.shared_prefix] if shared else []))
+            row: list[object] = [repr(r.arrived_at), r.num_prefill_tokens, r.num_decode_tokens]
+            row += [r.shared_prefix] if shared else []
+            row += [r.tenant, r.priority] if owned else []
+            writer.writerow(row)
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,7 +51,7 @@ class EngineReplica:
         in_force = PolicySettings.model_validate(settings)
         self.id = replica_id()
         self.engine = LLMEngine.from_config(config)
-        self.engine.set_policy(in_force.policy, version=version).result()
+        self.engine.set_policy(in_force.policy, version=version, queue=in_force.queue).result()
         self.engine.set_memory_reserve(in_force.memory_reserve).result()
         self.version: int | None = version
         self.started_at = time.time()

@@ -12,6 +12,7 @@ from engine.snapshot import (
     Latency,
     Percentiles,
     QueueDepths,
+    TenantSnapshot,
     Throughput,
     Totals,
 )
@@ -49,6 +50,8 @@ def merged_snapshot(snapshots: Mapping[str, EngineSnapshot]) -> EngineSnapshot:
         memory_reserve=first.memory_reserve,
         uptime_s=max(s.uptime_s for s in snaps),
         requests=tuple(r for s in snaps for r in s.requests),
+        queue_order=first.queue_order,
+        tenants=_tenants([s.tenants for s in snaps]),
         kv=_summed([s.kv for s in snaps]),
         block_map="|".join(s.block_map for s in snaps),
         throughput=Throughput(
@@ -114,3 +117,27 @@ def _summed(each: list[KVStats]) -> KVStats:
         live_tokens=sum(s.live_tokens for s in each),
         held_slots=sum(s.held_slots for s in each),
     )
+
+
+def _tenants(per_replica: list[tuple[TenantSnapshot, ...]]) -> tuple[TenantSnapshot, ...]:
+    """Each tenant's figures summed over the replicas (its counter too: each replica keeps
+    its own, so the sum is its weighted service in the fleet), by first seen."""
+    merged: dict[str, TenantSnapshot] = {}
+    for tenants in per_replica:
+        for t in tenants:
+            seen = merged.get(t.name)
+            merged[t.name] = (
+                t
+                if seen is None
+                else seen.model_copy(
+                    update={
+                        "counter": seen.counter + t.counter,
+                        "input_tokens": seen.input_tokens + t.input_tokens,
+                        "output_tokens": seen.output_tokens + t.output_tokens,
+                        "waiting": seen.waiting + t.waiting,
+                        "running": seen.running + t.running,
+                        "refused": seen.refused + t.refused,
+                    }
+                )
+            )
+    return tuple(merged.values())

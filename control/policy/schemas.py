@@ -69,8 +69,8 @@ class PolicySettings(BaseModel):
     policy: PolicySpec
     queue: QueueSpec = Field(
         default_factory=FcfsQueue,
-        description="Queue order beside the batching policy (only fcfs yet; the engine does "
-        "not read it: fcfs is what every policy does).",
+        description="Whose request goes first, beside how requests are batched: fcfs, "
+        "priority (a request's priority: lower first) or fair (share between tenants).",
     )
     memory_reserve: float = memory_reserve_field()
     reclaim_interval_s: float = reclaim_interval_field()

@@ -112,8 +112,10 @@ class LocalEngine(EngineService):
 
     def _submit(self, settings: PolicySettings, version: int) -> list[Awaited]:
         futures: list[Awaited] = []
-        if settings.policy != self._in_force.policy:
-            futures.append(self._engine.set_policy(settings.policy, version=version))
+        if settings.policy != self._in_force.policy or settings.queue != self._in_force.queue:
+            futures.append(
+                self._engine.set_policy(settings.policy, version=version, queue=settings.queue)
+            )
         if settings.memory_reserve != self._in_force.memory_reserve:
             futures.append(self._engine.set_memory_reserve(settings.memory_reserve))
         return futures

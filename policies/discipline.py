@@ -1,0 +1,137 @@
+"""Queue disciplines: the order in which a policy admits its waiting sequences, and whom it
+preempts when the pool runs dry. A policy owns one (``SchedulingPolicy.discipline``), built
+from the setting's ``queue`` (``policies/queue.py``) over the engine's ``TenantLedger``.
+
+The discipline decides *whose* sequence goes first; the policy's own order (its ``key``:
+arrival, a length bucket) decides among equals. Aging is the policy's and comes first.
+"""
+
+from __future__ import annotations
+
+import heapq
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, ClassVar
+
+from engine.sequence import Sequence
+from engine.tenants import TenantLedger
+from policies.queue import FairQueue, FcfsQueue, PriorityQueue, QueueSpec
+
+SortKey = Callable[[Sequence], Any]
+
+
+class QueueDiscipline(ABC):
+    name: ClassVar[str]
+    preempts: bool = False
+    """Whether a waiting sequence may take a running one's place (``priority`` with preempt)."""
+
+    def __init__(self, ledger: TenantLedger) -> None:
+        self.ledger = ledger
+
+    @abstractmethod
+    def order(self, seqs: Iterable[Sequence], key: SortKey | None = None) -> Iterator[Sequence]:
+        """``seqs`` (a policy's waiting ones, in its queue's order) in admission order; among
+        equals by ``key`` (None: as given). Lazy: a pass that stops early pays for what it took."""
+
+    def victim(self, running: list[Sequence]) -> Sequence:
+        """Whom to preempt when the pool is dry: by default the newest running sequence."""
+        return running[-1]
+
+    def rank(self, seq: Sequence) -> int:
+        """The class a padded-group policy groups within (dynamic: classes first, then
+        lengths); 0 for all where the discipline has no classes."""
+        return 0
+
+    def displaces(self, waiting: Sequence, running: Sequence) -> bool:
+        """Whether ``waiting`` may preempt ``running`` to take its place (``preempts`` only)."""
+        return False
+
+
+class Fcfs(QueueDiscipline):
+    name = "fcfs"
+
+    def order(self, seqs: Iterable[Sequence], key: SortKey | None = None) -> Iterator[Sequence]:
+        return iter(seqs if key is None else sorted(seqs, key=key))
+
+
+class Priority(QueueDiscipline):
+    """Lower ``priority`` first; the victim is the highest value, the newest among those."""
+
+    name = "priority"
+
+    def __init__(self, ledger: TenantLedger, preempt: bool) -> None:
+        super().__init__(ledger)
+        self.preempts = preempt
+
+    def order(self, seqs: Iterable[Sequence], key: SortKey | None = None) -> Iterator[Sequence]:
+        if key is None:
+            return iter(sorted(seqs, key=_priority))  # stable: the queue's order among equals
+        return iter(sorted(seqs, key=lambda s: (s.priority, key(s))))
+
+    def victim(self, running: list[Sequence]) -> Sequence:
+        worst = max(s.priority for s in running)
+        return next(s for s in reversed(running) if s.priority == worst)
+
+    def rank(self, seq: Sequence) -> int:
+        return seq.priority
+
+    def displaces(self, waiting: Sequence, running: Sequence) -> bool:
+        return waiting.priority < running.priority
+
+
+class Fair(QueueDiscipline):
+    """The Virtual Token Counter: the tenant with the least counter goes first; each pick
+    raises that tenant's counter, within the pass, by what its prompt will cost when admitted
+    (as the admission will), so one pass interleaves tenants as VTC's loop does. A tenant's
+    own sequences go by priority, then the policy's order. The victim is the newest sequence
+    of the running tenant with the largest counter (the one most over its share), the highest
+    priority value first within it."""
+
+    name = "fair"
+
+    def order(self, seqs: Iterable[Sequence], key: SortKey | None = None) -> Iterator[Sequence]:
+        by_tenant: dict[str, list[Sequence]] = {}
+        for seq in seqs:
+            by_tenant.setdefault(seq.tenant, []).append(seq)
+        if len(by_tenant) <= 1:
+            for own in by_tenant.values():
+                yield from _own_order(own, key)
+            return
+        ledger = self.ledger
+        heap = [(ledger.counter(t), i, t) for i, t in enumerate(by_tenant)]
+        heapq.heapify(heap)
+        queues = {t: iter(_own_order(own, key)) for t, own in by_tenant.items()}
+        while heap:
+            counter, i, tenant = heapq.heappop(heap)
+            picked = next(queues[tenant], None)
+            if picked is None:
+                continue
+            yield picked
+            cost = picked.account.input_cost if picked.account is not None else 1.0
+            heapq.heappush(heap, (counter + cost * picked.num_prompt_tokens, i, tenant))
+
+    def victim(self, running: list[Sequence]) -> Sequence:
+        ledger = self.ledger
+        most = max(running, key=lambda s: ledger.counter(s.tenant)).tenant
+        theirs = [s for s in running if s.tenant == most]
+        worst = max(s.priority for s in theirs)
+        return next(s for s in reversed(theirs) if s.priority == worst)
+
+
+def _priority(seq: Sequence) -> int:
+    return seq.priority
+
+
+def _own_order(seqs: list[Sequence], key: SortKey | None) -> list[Sequence]:
+    if key is None:
+        return sorted(seqs, key=_priority)
+    return sorted(seqs, key=lambda s: (s.priority, key(s)))
+
+
+def make_discipline(spec: QueueSpec, ledger: TenantLedger) -> QueueDiscipline:
+    if isinstance(spec, PriorityQueue):
+        return Priority(ledger, spec.preempt)
+    if isinstance(spec, FairQueue):
+        return Fair(ledger)
+    assert isinstance(spec, FcfsQueue)
+    return Fcfs(ledger)
