@@ -7,6 +7,10 @@ arrives at once; the figure is wall time / Σ sequences scheduled over all steps
 
     .venv/bin/python -m bench.overhead --requests 2000 --policies continuous hybrid
     .venv/bin/python -m bench.overhead --profile continuous   # cProfile's top functions
+    .venv/bin/python -m bench.overhead --queue fair --tenants 1000   # the fair queue's cost
+
+``--queue`` picks the queue discipline (``--tenants`` spreads the requests round-robin over
+that many tenants, priorities 0..9 in turn).
 """
 
 from __future__ import annotations
@@ -17,11 +21,16 @@ import pstats
 import random
 import time
 from dataclasses import dataclass
+from typing import get_args
+
+from pydantic import TypeAdapter
 
 from engine.batch import ScheduledBatch, StepResult
 from engine.config import EngineConfig, EngineLimits
 from engine.engine import LLMEngine
+from engine.front import QueuedPrompt
 from engine.sampling_params import SamplingParams
+from policies.queue import QueueName, QueueSpec
 
 POLICIES = ("continuous", "hybrid", "dynamic", "static")
 
@@ -93,12 +102,17 @@ def build(policy: str, args: argparse.Namespace) -> LLMEngine:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
     )
-    engine = LLMEngine(config, ZeroCostRunner(clock), limits, vocab_size=32000, clock=clock)
+    queue = TypeAdapter(QueueSpec).validate_python({"name": args.queue})
+    engine = LLMEngine(
+        config, ZeroCostRunner(clock), limits, vocab_size=32000, clock=clock, queue=queue
+    )
     rng = random.Random(args.seed)
     params = SamplingParams(max_tokens=args.output, ignore_eos=True)
-    for _ in range(args.requests):
+    for i in range(args.requests):
         length = rng.randint(args.min_prompt, args.max_prompt)
-        engine.add_request([rng.randrange(32000) for _ in range(length)], params)
+        tokens = [rng.randrange(32000) for _ in range(length)]
+        tenant = f"t{i % args.tenants}"
+        engine.add_requests([QueuedPrompt(tokens, params, f"r{i}", i % 10, tenant)])
     return engine
 
 
@@ -134,6 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--queue", choices=get_args(QueueName), default="fcfs")
+    parser.add_argument("--tenants", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=1, help="report the fastest of N runs")
     parser.add_argument("--profile", choices=POLICIES, help="cProfile one policy instead")
     parser.add_argument("--top", type=int, default=25)

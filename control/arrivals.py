@@ -1,7 +1,8 @@
 """A bounded in-memory record of recent arrivals: what the what-if simulator replays.
 
-Only times and lengths are kept (never text or token ids): when a request arrived on the
-engine's clock, how many prompt tokens it had and how many it generated. The record is fed by
+Only times, lengths, tenant and priority are kept (never text or token ids): when a request
+arrived on the engine's clock, how many prompt tokens it had and how many it generated, whose
+it was and its priority. The record is fed by
 the ``AsyncEngine``'s ``on_finished`` hook (so a request enters once its output length is
 known) and exported as the simulator's trace (``sim.trace``'s CSV) by ``GET /admin/trace.csv``.
 Requests that were aborted or failed are left out: their output length is not what the
@@ -19,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from engine.outputs import RequestOutput
+from engine.tenants import DEFAULT_PRIORITY, DEFAULT_TENANT
 from sim.trace import TraceRequest
 
 DEFAULT_CAPACITY = 10_000
@@ -47,6 +49,8 @@ class Arrival:
     finish_time: float | None = None
     ttft: float | None = None
     tpot: float | None = None
+    tenant: str = DEFAULT_TENANT
+    priority: int = DEFAULT_PRIORITY
 
 
 class ArrivalLog:
@@ -76,6 +80,8 @@ class ArrivalLog:
             metrics.finish_time,
             metrics.ttft,
             metrics.tpot,
+            output.tenant,
+            output.priority,
         )
         with self._lock:
             self._arrivals.append(arrival)
@@ -103,6 +109,8 @@ class ArrivalLog:
                 arrived_at=a.arrival_time - start,
                 num_prefill_tokens=a.prompt_tokens,
                 num_decode_tokens=a.generated_tokens,
+                tenant=a.tenant,
+                priority=a.priority,
             )
             for a in arrivals
         ]

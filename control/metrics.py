@@ -8,7 +8,7 @@ and policy changes count themselves.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -17,7 +17,8 @@ from prometheus_client.registry import Collector
 
 from control.chat.template import RenderFailure
 from engine.outputs import RequestOutput
-from engine.snapshot import EngineSnapshot
+from engine.snapshot import EngineSnapshot, TenantSnapshot
+from engine.tenants import OTHER_TENANT
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -47,6 +48,10 @@ REFUSAL_REASONS = (
 GUARDRAIL_OUTCOMES = ("applied", "shadow", "rate_limited", "window_active", "conflict", "failed")
 """``control.guardrail.schemas.Outcome``: the ``outcome`` label of the decisions counter."""
 GUARDRAIL_MODES = ("off", "shadow", "on")
+METRIC_TENANTS = 32
+"""Tenants with a label of their own (the most served); the rest are summed as ``other``."""
+METRIC_PRIORITIES = 16
+"""Priority values with a label of their own (the first seen); later ones count as ``other``."""
 
 
 class EngineCollector(Collector):
@@ -98,6 +103,46 @@ class EngineCollector(Collector):
             "Sequences preempted (recompute).",
             totals and totals.preemptions,
         )
+        yield from _tenant_metrics(snap.tenants if snap else ())
+
+
+def _tenant_metrics(tenants: Iterable[TenantSnapshot]) -> Iterator[Metric]:
+    """Served tokens, waiting requests and refusals by tenant: the ``METRIC_TENANTS`` most
+    served by name, the rest summed as ``other`` (the label set stays bounded)."""
+    ranked = sorted(tenants, key=lambda t: t.input_tokens + t.output_tokens, reverse=True)
+    named, rest = ranked[:METRIC_TENANTS], ranked[METRIC_TENANTS:]
+    rows = [(t.name, t.input_tokens, t.output_tokens, t.waiting, t.refused) for t in named]
+    if rest:
+        rows.append(
+            (
+                OTHER_TENANT,
+                sum(t.input_tokens for t in rest),
+                sum(t.output_tokens for t in rest),
+                sum(t.waiting for t in rest),
+                sum(t.refused for t in rest),
+            )
+        )
+    served = CounterMetricFamily(
+        "servedeck_tenant_served_tokens",
+        "Tokens served by tenant (kind: input, output).",
+        labels=["tenant", "kind"],
+    )
+    waiting = GaugeMetricFamily(
+        "servedeck_tenant_requests_waiting", "Requests waiting by tenant.", labels=["tenant"]
+    )
+    refused = CounterMetricFamily(
+        "servedeck_tenant_requests_refused",
+        "Requests refused with a full queue or quota (429) by tenant.",
+        labels=["tenant"],
+    )
+    for name, input_tokens, output_tokens, queued, refusals in rows:
+        served.add_metric([name, "input"], input_tokens)
+        served.add_metric([name, "output"], output_tokens)
+        waiting.add_metric([name], queued)
+        refused.add_metric([name], refusals)
+    yield served
+    yield waiting
+    yield refused
 
 
 def _gauge(name: str, documentation: str, value: float | None) -> GaugeMetricFamily:
@@ -132,6 +177,21 @@ class ControlMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.priority_ttft = Histogram(
+            "servedeck_priority_time_to_first_token_seconds",
+            "Arrival to first token, by the request's priority.",
+            ["priority"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.priority_tpot = Histogram(
+            "servedeck_priority_time_per_output_token_seconds",
+            "Mean time per output token after the first, by the request's priority.",
+            ["priority"],
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self._priorities: set[int] = set()
         self.reclaimed_blocks = Counter(
             "servedeck_reclaimed_blocks", "Leaked KV blocks the sweep freed.", registry=r
         )
@@ -226,6 +286,15 @@ class ControlMetrics:
         for histogram, value in ((self.ttft, m.ttft), (self.tpot, m.tpot), (self.e2e, m.e2e)):
             if value is not None:
                 histogram.observe(value)
+        label = self._priority_label(output.priority)
+        for by_priority, value in ((self.priority_ttft, m.ttft), (self.priority_tpot, m.tpot)):
+            if value is not None:
+                by_priority.labels(label).observe(value)
+
+    def _priority_label(self, priority: int) -> str:
+        if priority not in self._priorities and len(self._priorities) < METRIC_PRIORITIES:
+            self._priorities.add(priority)
+        return str(priority) if priority in self._priorities else "other"
 
     def set_policy(self, name: str, version: int) -> None:
         self.policy_info.clear()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from engine.sequence import Sequence
+from engine.tenants import DEFAULT_PRIORITY, DEFAULT_TENANT
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +181,9 @@ class RequestOutput(Snapshot[OutputCounts]):
     seq_id: str = ""
     """The engine sequence this is (``RequestSnapshot.id``): ``request_id`` for the first,
     the fork's own id for the others of ``n`` > 1; empty in an output built by hand."""
+    tenant: str = DEFAULT_TENANT
+    priority: int = DEFAULT_PRIORITY
+    """Whose request it is and its priority (engine/tenants.py), as it was queued."""
 
     @property
     def finished(self) -> bool:
@@ -203,6 +207,7 @@ class RequestOutput(Snapshot[OutputCounts]):
         out = cls.__new__(cls)  # hot: once per request per step; Lazy fields left unset
         out.request_id = seq.request_id
         out.seq_id = seq.seq_id
+        out.tenant, out.priority = seq.tenant, seq.priority
         out.index = seq.index
         out.siblings_running = siblings_running
         logprobs = seq.logprobs  # ``out.logprobs`` is Lazy: never assigned here (a slow path)

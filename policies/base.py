@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
-from collections import deque
+from collections import abc
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar, Literal
 
@@ -41,6 +41,7 @@ from engine.tenants import TenantLedger
 from policies.discipline import Fcfs, QueueDiscipline, SortKey
 from policies.json_types import JsonNumberOrNull
 from policies.snapshot import PolicySnapshot
+from policies.waiting import WaitingQueue
 
 PolicyName = Literal["static", "dynamic", "continuous", "hybrid"]
 
@@ -154,7 +155,7 @@ class SchedulingPolicy(ABC):
         self.clock = clock
         self.discipline = discipline or Fcfs(TenantLedger())
         """Whose sequence goes first (the setting's ``queue``; first come, first served)."""
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = WaitingQueue()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self._changes: StepChanges | None = None
@@ -277,7 +278,7 @@ class SchedulingPolicy(ABC):
         return sorted((s for s in seqs if s.arrival_time < deadline), key=lambda s: s.arrival_time)
 
     def _admission_order(
-        self, waiting: list[Sequence], key: SortKey | None = None
+        self, waiting: abc.Sequence[Sequence], key: SortKey | None = None
     ) -> Iterator[Sequence]:
         """``waiting`` in the discipline's order (``key``: the policy's own among equals), with
         overdue sequences moved to the front, oldest first."""

@@ -116,7 +116,7 @@ class ContinuousPolicy(SchedulingPolicy):
         if self.discipline.preempts and self.waiting and not batch.preempted:
             self._displace(batch)
         if not batch.preempted and self._may_admit(room):
-            for seq in self._admission_order(list(self.waiting)):
+            for seq in self._admission_order(self.waiting):
                 used = self._try_admit(batch, seq, room)
                 if used is None:
                     break

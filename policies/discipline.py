@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from engine.sequence import Sequence
 from engine.tenants import TenantLedger
 from policies.queue import FairQueue, FcfsQueue, PriorityQueue, QueueSpec
+from policies.waiting import WaitingQueue
 
 SortKey = Callable[[Sequence], Any]
 
@@ -51,7 +52,7 @@ class Fcfs(QueueDiscipline):
     name = "fcfs"
 
     def order(self, seqs: Iterable[Sequence], key: SortKey | None = None) -> Iterator[Sequence]:
-        return iter(seqs if key is None else sorted(seqs, key=key))
+        return iter(list(seqs) if key is None else sorted(seqs, key=key))
 
 
 class Priority(QueueDiscipline):
@@ -89,18 +90,21 @@ class Fair(QueueDiscipline):
 
     name = "fair"
 
+    def __init__(self, ledger: TenantLedger) -> None:
+        super().__init__(ledger)
+        self._grouped: tuple[int, int, SortKey | None, dict[str, list[Sequence]]] | None = None
+        """The last queue's per-tenant order, kept while that ``WaitingQueue`` is unchanged."""
+
     def order(self, seqs: Iterable[Sequence], key: SortKey | None = None) -> Iterator[Sequence]:
-        by_tenant: dict[str, list[Sequence]] = {}
-        for seq in seqs:
-            by_tenant.setdefault(seq.tenant, []).append(seq)
+        by_tenant = self._by_tenant(seqs, key)
         if len(by_tenant) <= 1:
             for own in by_tenant.values():
-                yield from _own_order(own, key)
+                yield from list(own)
             return
         ledger = self.ledger
         heap = [(ledger.counter(t), i, t) for i, t in enumerate(by_tenant)]
         heapq.heapify(heap)
-        queues = {t: iter(_own_order(own, key)) for t, own in by_tenant.items()}
+        queues = {t: iter(list(own)) for t, own in by_tenant.items()}
         while heap:
             counter, i, tenant = heapq.heappop(heap)
             picked = next(queues[tenant], None)
@@ -109,6 +113,27 @@ class Fair(QueueDiscipline):
             yield picked
             cost = picked.account.input_cost if picked.account is not None else 1.0
             heapq.heappush(heap, (counter + cost * picked.num_prompt_tokens, i, tenant))
+
+    def _by_tenant(
+        self, seqs: Iterable[Sequence], key: SortKey | None
+    ) -> dict[str, list[Sequence]]:
+        """Each tenant's sequences in its own order; reused while ``seqs`` is the same
+        unchanged ``WaitingQueue`` (most steps admit nobody and change no queue)."""
+        cached = self._grouped
+        if (
+            cached
+            and isinstance(seqs, WaitingQueue)
+            and cached[:3] == (id(seqs), seqs.version, key)
+        ):
+            return cached[3]
+        by_tenant: dict[str, list[Sequence]] = {}
+        for seq in seqs:
+            by_tenant.setdefault(seq.tenant, []).append(seq)
+        for tenant, own in by_tenant.items():
+            by_tenant[tenant] = _own_order(own, key)
+        if isinstance(seqs, WaitingQueue):
+            self._grouped = (id(seqs), seqs.version, key, by_tenant)
+        return by_tenant
 
     def victim(self, running: list[Sequence]) -> Sequence:
         ledger = self.ledger

@@ -25,6 +25,7 @@ from engine.sequence import Sequence, SequenceStatus
 from policies.base import PolicyParams, SchedulingPolicy
 from policies.discipline import QueueDiscipline
 from policies.snapshot import PolicySnapshot
+from policies.waiting import WaitingQueue
 
 
 class GroupSnapshot(PolicySnapshot):
@@ -65,7 +66,7 @@ class PaddedGroupPolicy(SchedulingPolicy):
         """The first ``count`` waiting sequences in the discipline's order, taken off the queue."""
         taken = list(itertools.islice(self.discipline.order(self.waiting), count))
         chosen = {id(s) for s in taken}
-        self.waiting = deque(s for s in self.waiting if id(s) not in chosen)
+        self.waiting = WaitingQueue(s for s in self.waiting if id(s) not in chosen)
         return taken
 
     # -- interface ----------------------------------------------------------------------
@@ -204,7 +205,7 @@ class PaddedGroupPolicy(SchedulingPolicy):
             return
         late = set(overdue)
         rest = [[s for s in group if s not in late] for group in self.queued_groups]
-        self.waiting = deque(s for s in self.waiting if s not in late)
+        self.waiting = WaitingQueue(s for s in self.waiting if s not in late)
         size = self.max_batch_size
         heads = [overdue[i : i + size] for i in range(0, len(overdue), size)]
         self.queued_groups = deque([*heads, *(group for group in rest if group)])

@@ -53,17 +53,12 @@ class HybridPolicy(ContinuousPolicy):
         running_prefills = [s for s in self.running if len(s.token_ids) - s.num_computed_tokens > 1]
         if budget <= 0 or not (running_prefills or self._may_admit(budget)):
             return batch  # nothing below could run or be admitted: skip sorting the queue
-        window = self.params.length_window
-
-        def bucket(s: Sequence) -> tuple[int, float]:
-            return (len(s.token_ids) - s.num_computed_tokens) // window, s.arrival_time
-
-        running_prefills.sort(key=bucket)
+        running_prefills.sort(key=self._bucket)
         if self.discipline.preempts and self.waiting:
             self._displace(batch)
             if batch.preempted:
                 return batch
-        admitting = self._admission_order(list(self.waiting), bucket)
+        admitting = self._admission_order(self.waiting, self._bucket)
         for seq in itertools.chain(running_prefills, admitting):
             if seq.status is SequenceStatus.RUNNING:
                 budget -= self._continue(batch, seq, budget, may_preempt=False)
@@ -73,6 +68,12 @@ class HybridPolicy(ContinuousPolicy):
                 break
             budget -= used
         return batch
+
+    def _bucket(self, seq: Sequence) -> tuple[int, float]:
+        """Prefill order among equals: the length bucket, then arrival."""
+        return (len(seq.token_ids) - seq.num_computed_tokens) // self.params.length_window, (
+            seq.arrival_time
+        )
 
     def _schedule_single(self) -> ScheduledBatch:
         """The oldest running sequence runs alone. Several run after a switch, a lowered cap or
@@ -91,7 +92,7 @@ class HybridPolicy(ContinuousPolicy):
             return batch
         overdue = set(self._overdue(self.waiting))
         admitting = True  # an overdue sequence that does not fit blocks newer admissions
-        for seq in self._admission_order(list(self.waiting), _arrival):
+        for seq in self._admission_order(self.waiting, _arrival):
             if not admitting:
                 break
             used = self._try_admit(batch, seq, self.token_budget)

@@ -13,8 +13,8 @@ from bench.overhead import POLICIES, build, run
 from engine.kv_cache import BlockManager
 
 
-def _args(**overrides: int) -> argparse.Namespace:
-    args = dict(
+def _args(**overrides: int | str) -> argparse.Namespace:
+    args: dict[str, int | str] = dict(
         requests=40,
         min_prompt=20,
         max_prompt=90,
@@ -24,13 +24,16 @@ def _args(**overrides: int) -> argparse.Namespace:
         max_num_seqs=16,
         max_num_batched_tokens=256,
         seed=3,
+        queue="fcfs",
+        tenants=1,
     )
     return argparse.Namespace(**{**args, **overrides})
 
 
+@pytest.mark.parametrize("queue", ["fcfs", "priority", "fair"])
 @pytest.mark.parametrize("policy", POLICIES)
-def test_zero_cost_burst_finishes_every_request(policy: str) -> None:
-    engine = build(policy, _args())
+def test_zero_cost_burst_finishes_every_request(policy: str, queue: str) -> None:
+    engine = build(policy, _args(queue=queue, tenants=7))
     finished = []
     while engine.has_unfinished_requests():
         finished += [o for o in engine.step() if o.finished]
