@@ -26,10 +26,13 @@ from engine.config import EngineConfig, as_dtype
 from engine.engine import LLMEngine
 from engine.errors import QueueFull, RequestRejected
 from engine.faults import leak_sequence
+from engine.front import QueuedPrompt
 from engine.kv_stats import ReclaimResult
 from engine.outputs import RequestMetrics
 from engine.sampling_params import SamplingParams
 from engine.stats import StepRecord
+from engine.tenants import DEFAULT_PRIORITY, DEFAULT_TENANT
+from policies.queue import QueueSpec
 
 STALL_S = 30.0
 """A run whose engine makes no step for this long (wall time) is cut off and marked stalled."""
@@ -58,6 +61,8 @@ class EngineSettings:
     policy_params: dict[str, Any] = field(default_factory=dict)
     kv_tokens: int = 32768
     engine: dict[str, Any] = field(default_factory=dict)
+    queue: QueueSpec | None = None
+    """The queue discipline (None: the engine's, first come first served)."""
 
     def config(self, model: str = "", **fixed: Any) -> EngineConfig:
         """The run's ``EngineConfig``, the pool sized to ``kv_tokens``; ``fixed`` are the
@@ -101,6 +106,7 @@ class EngineFactory:
             clock=clock,
             bundle=self.bundle,
             policy={"name": settings.policy, "params": settings.policy_params},
+            queue=settings.queue,
         )
         recorder = RecordingRunner(engine.runner, keep_shapes=keep_shapes)
         engine.runner = recorder
@@ -116,10 +122,20 @@ class RequestRecord:
     tag: str
     prompt_tokens: int
     metrics: RequestMetrics
+    tenant: str = DEFAULT_TENANT
+    priority: int = DEFAULT_PRIORITY
 
     @property
     def output_tokens(self) -> int:
         return len(self.metrics.token_times)
+
+    @property
+    def ttft(self) -> float | None:
+        return self.metrics.ttft
+
+    @property
+    def tpot(self) -> float | None:
+        return self.metrics.tpot
 
     @property
     def finish(self) -> float | None:
@@ -128,11 +144,23 @@ class RequestRecord:
 
 @dataclass(slots=True)
 class Hooks:
-    """Maintenance experiments: leak some requests halfway, sweep every so often."""
+    """Maintenance experiments: leak some requests halfway, sweep every so often; fairness
+    experiments: sample every tenant's service after each step."""
 
     leak: frozenset[int] = frozenset()
     reclaim_every_s: float | None = None
     watch_memory: bool = False
+    watch_tenants: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSample:
+    """One tenant's service so far and its requests not yet scheduled, after one step."""
+
+    tenant: str
+    input_tokens: int
+    output_tokens: int
+    queued: int
 
 
 @dataclass
@@ -159,6 +187,8 @@ class RunTrace:
     bookkeeping_bytes: int = 0
     kv_bytes_at_peak: int = 0
     outputs: dict[int, list[int]] = field(default_factory=dict)
+    tenants: list[tuple[float, tuple[TenantSample, ...]]] = field(default_factory=list)
+    """Per step (when watching tenants): its end time and every tenant's sample."""
 
 
 Advance = Callable[[int], None]
@@ -196,9 +226,14 @@ def drive(
         request = workload.requests[index]
         request_id = f"r{index}"
         try:
-            engine.add_request(
-                list(request.prompt), _params(request.max_tokens), request_id, arrival
+            prompt = QueuedPrompt(
+                list(request.prompt),
+                _params(request.max_tokens),
+                request_id,
+                request.priority,
+                request.tenant,
             )
+            engine.add_requests([prompt], arrival)
         except (QueueFull, RequestRejected):
             trace.refused += 1
             advance(1)
@@ -234,6 +269,8 @@ def drive(
                 trace.leaked_tokens.append(_leaked_tokens(engine, leaked))
             if hooks.watch_memory:
                 _watch_memory(engine, trace, kv_bytes_per_token)
+            if hooks.watch_tenants:
+                trace.tenants.append((clock(), _tenant_samples(engine)))
         elif time.perf_counter() - last_progress > STALL_S:
             trace.stalled = True
             break
@@ -241,7 +278,16 @@ def drive(
             index = index_of[out.request_id]
             if out.finished:
                 request = workload.requests[index]
-                records.append(RequestRecord(index, request.tag, len(request.prompt), out.metrics))
+                records.append(
+                    RequestRecord(
+                        index,
+                        request.tag,
+                        len(request.prompt),
+                        out.metrics,
+                        request.tenant,
+                        request.priority,
+                    )
+                )
                 trace.outputs[index] = out.token_ids
                 in_flight -= 1
                 advance(1)
@@ -259,6 +305,13 @@ def drive(
     trace.idle_skipped_s = (clock.skipped if isinstance(clock, SkipClock) else 0.0) - skipped_before
     trace.instrument_s = recorder.instrument_s
     return trace
+
+
+def _tenant_samples(engine: LLMEngine) -> tuple[TenantSample, ...]:
+    return tuple(
+        TenantSample(a.name, a.input_tokens, a.output_tokens, a.queued)
+        for a in engine.tenants.accounts()
+    )
 
 
 def _leaked_tokens(engine: LLMEngine, leaked: set[str]) -> int:

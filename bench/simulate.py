@@ -11,12 +11,15 @@ virtual seconds; ``engine_overhead`` is left empty (a cost model's step time inc
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from bench import machine
 from bench.metrics import engine_metrics, kv_series, request_metrics, ttft_values
@@ -26,7 +29,9 @@ from bench.report import render_document, write_outputs
 from bench.runner import RequestRecord, RunTrace
 from bench.suite import BenchOutput
 from engine.runner import Runner
+from policies.queue import QueueSpec
 from sim.cost_model import CostModel
+from sim.groups import GroupFigures, by_priority, by_tenant
 from sim.models import load_cost_model
 from sim.simulator import SimResult, SimSetup, simulate
 from sim.trace import WORKLOADS, TraceRequest, read_trace, workload_trace
@@ -64,7 +69,10 @@ class SimWorkload:
 
 def run_trace(result: SimResult, recorder: RecordingRunner, start: float) -> RunTrace:
     """The simulated run as the bench's ``RunTrace`` (times on the virtual clock)."""
-    records = [RequestRecord(r.index, "", r.prompt_tokens, r.metrics) for r in result.records]
+    records = [
+        RequestRecord(r.index, "", r.prompt_tokens, r.metrics, r.tenant, r.priority)
+        for r in result.records
+    ]
     trace = RunTrace(records, result.steps, recorder.tokens, [], start, 0.0, 0.0, 0.0)
     trace.end, trace.refused = start + result.duration_s, result.refused
     return trace
@@ -77,6 +85,7 @@ def run_result(
     trace: RunTrace,
     preset: Preset,
     wall_s: float,
+    queue: QueueSpec | None = None,
 ) -> dict[str, Any]:
     """One prediction as a bench run (the keys ``bench.suite`` writes for a measured one)."""
     setup_policy = result.policy
@@ -99,6 +108,10 @@ def run_result(
         "sim_wall_s": wall_s,
     }
     run |= request_metrics(trace.requests, result.duration_s, preset.slo)
+    cost = queue.cost() if queue is not None else None
+    run["queue"] = queue.model_dump() if queue is not None else None
+    run["tenants"] = [g.model_dump() for g in by_tenant(trace.requests, cost)]
+    run["priorities"] = [g.model_dump() for g in by_priority(trace.requests, cost)]
     run |= engine_metrics(trace)
     run |= dict.fromkeys(OVERHEAD_KEYS)
     simulated = run["prompt_tokens"] + run["output_tokens"]
@@ -110,7 +123,11 @@ def run_result(
 
 
 def simulate_recorded(
-    requests: Sequence[TraceRequest], cost_model: CostModel, policy: str, setup: SimSetup
+    requests: Sequence[TraceRequest],
+    cost_model: CostModel,
+    policy: str,
+    setup: SimSetup,
+    queue: QueueSpec | None = None,
 ) -> tuple[SimResult, RecordingRunner]:
     """``simulate`` with the cost-model runner inside the bench's ``RecordingRunner``."""
     recorders: list[RecordingRunner] = []
@@ -119,7 +136,7 @@ def simulate_recorded(
         recorders.append(RecordingRunner(runner))
         return recorders[-1]
 
-    result = simulate(requests, cost_model, policy, setup, wrap_runner=wrap)
+    result = simulate(requests, cost_model, policy, setup, wrap_runner=wrap, queue=queue)
     return result, recorders[0]
 
 
@@ -129,16 +146,19 @@ def simulate_all(
     policies: Sequence[str],
     setup: SimSetup,
     preset: Preset,
+    queue: QueueSpec | None = None,
 ) -> BenchOutput:
     output = BenchOutput([], {}, [], None)
     for workload in workloads:
         for policy in policies:
             started = time.perf_counter()
-            result, recorder = simulate_recorded(workload.requests, cost_model, policy, setup)
+            result, recorder = simulate_recorded(
+                workload.requests, cost_model, policy, setup, queue
+            )
             wall = time.perf_counter() - started
             start = min((r.arrived_at for r in workload.requests), default=0.0)
             trace = run_trace(result, recorder, start)
-            run = run_result(workload, policy, result, trace, preset, wall)
+            run = run_result(workload, policy, result, trace, preset, wall, queue)
             output.runs.append(run)
             output.series[run["id"]] = {**kv_series(trace), "ttft": ttft_values(trace.requests)}
             print(_summary(run), flush=True)
@@ -150,11 +170,37 @@ def _summary(run: dict[str, Any]) -> str:
         value = run.get(key)
         return "-" if value is None else f"{value * 1e3:.0f} ms"
 
-    return (
+    lines = [
         f"{run['id']}: {run['output_throughput'] or 0:.0f} output tok/s, TTFT p50 "
         f"{ms('ttft_p50')} p99 {ms('ttft_p99')}, KV utilization {run['kv_utilization'] or 0:.1%}, "
         f"{run['preemptions']} preemptions (simulated in {run['sim_wall_s']:.1f} s)"
+    ]
+    for kind, label in (("tenants", "tenant"), ("priorities", "priority")):
+        groups = [GroupFigures.model_validate(g) for g in run.get(kind) or []]
+        if len(groups) > 1:
+            lines += [f"  {label} {g.key}: {_group_line(g)}" for g in groups]
+    return "\n".join(lines)
+
+
+def _group_line(g: GroupFigures) -> str:
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value * 1e3:.0f} ms"
+
+    weight = "" if g.weight_share is None else f" (weight {g.weight_share:.1%})"
+    return (
+        f"{g.requests} requests, {g.share:.1%} of service{weight}, TTFT p50 "
+        f"{ms(g.ttft_p50_s)} p99 {ms(g.ttft_p99_s)}, TPOT p50 {ms(g.tpot_p50_s)}"
     )
+
+
+def _queue_arg(text: str) -> QueueSpec:
+    """``--queue``: a discipline's name or its JSON setting (validated by ``QueueSpec``)."""
+    raw = text.strip()
+    spec = json.loads(raw) if raw.startswith("{") else {"name": raw}
+    try:
+        return TypeAdapter[QueueSpec](QueueSpec).validate_python(spec)
+    except ValidationError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -176,6 +222,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     for knob in ("block_size", "max_num_seqs", "max_num_batched_tokens", "num_kv_blocks"):
         p.add_argument(f"--{knob.replace('_', '-')}", type=int, default=getattr(defaults, knob))
     p.add_argument("--memory-reserve", type=float, default=defaults.memory_reserve)
+    p.add_argument(
+        "--queue",
+        type=_queue_arg,
+        help="queue discipline: fcfs, priority, fair, or its JSON setting, e.g. "
+        '\'{"name": "fair", "weights": {"A": 2}}\' (default fcfs); the trace\'s tenant and '
+        "priority columns say whose each request is",
+    )
     add_search_flags(p)
     p.set_defaults(func=main)
     return p
@@ -206,7 +259,7 @@ def main(args: argparse.Namespace) -> int:
         kv_tokens=0,
         policies=tuple(policies),
     )
-    output = simulate_all(workloads, cost_model, policies, setup, preset)
+    output = simulate_all(workloads, cost_model, policies, setup, preset, args.queue)
     if output.runs:
         preset = replace(preset, kv_tokens=output.runs[0]["kv_pool_tokens"])
     info = machine.describe(1, f"simulated: {cost_model.name}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 
+from engine.tenants import DEFAULT_PRIORITY, DEFAULT_TENANT
+
 FIRST_TOKEN_ID = 2  # ids 0 and 1 are the checkpoints' BOS and EOS
 
 
@@ -20,6 +22,8 @@ class Request:
     arrival: float = 0.0
     """Seconds after the run starts (open loop); ignored when the workload has clients."""
     tag: str = ""
+    tenant: str = DEFAULT_TENANT
+    priority: int = DEFAULT_PRIORITY
 
 
 @dataclass(frozen=True, slots=True)

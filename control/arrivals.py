@@ -37,6 +37,7 @@ class Finished:
     tpot: float | None
     """Mean time per output token after the first; None for a one-token request."""
     output_tokens: int
+    priority: int = DEFAULT_PRIORITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +122,7 @@ class ArrivalLog:
         with self._lock:
             arrivals = list(self._arrivals)
         return [
-            Finished(a.finish_time, a.ttft, a.tpot, a.generated_tokens)
+            Finished(a.finish_time, a.ttft, a.tpot, a.generated_tokens, a.priority)
             for a in arrivals
             if a.finish_time is not None and a.ttft is not None and since < a.finish_time <= until
         ]

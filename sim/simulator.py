@@ -70,6 +70,14 @@ class SimRecord:
     tenant: str = DEFAULT_TENANT
     priority: int = DEFAULT_PRIORITY
 
+    @property
+    def ttft(self) -> float | None:
+        return self.metrics.ttft
+
+    @property
+    def tpot(self) -> float | None:
+        return self.metrics.tpot
+
 
 @dataclass(slots=True)
 class SimResult:

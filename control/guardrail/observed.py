@@ -66,7 +66,9 @@ def observed_figures(
     objectives: Objectives,
 ) -> ObservedFigures:
     """The figures of the requests that finished in a window ``span_s`` seconds long (rates
-    per second of the window; goodput counts the requests within the latency objectives)."""
+    per second of the window; goodput counts the requests within the latency objectives),
+    of the objectives' priority class only when they name one."""
+    records = [r for r in records if objectives.judged(r.priority)]
     ttfts = [r.ttft for r in records]
     tpots = [r.tpot for r in records if r.tpot is not None]
     tokens = sum(r.output_tokens for r in records)

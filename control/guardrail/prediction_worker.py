@@ -12,15 +12,20 @@ from __future__ import annotations
 import os
 import time
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from control.guardrail.observed import within
 from control.guardrail.schemas import Objectives
 from control.policy.schemas import PolicySettings, SettingPrediction
 from engine.config import EngineLimits
-from engine.outputs import RequestMetrics
 from engine.stats import percentile
+from engine.tenants import ServiceCost
 from sim.cost_model import CostModel, Scaled, StepShape
+from sim.groups import by_priority, by_tenant
 from sim.trace import TraceRequest
+
+if TYPE_CHECKING:
+    from sim.simulator import SimRecord
 
 TIMED_OUT = "no prediction: timed out"
 WORKER_NICENESS = 10
@@ -100,18 +105,23 @@ def simulate_settings(
             max_model_len=limits.max_model_len,
             num_kv_blocks=blocks,
         )
-        result = simulate(trace, model, setting.policy, setup)
-        predictions.append(summarise([r.metrics for r in result.records], objectives))
+        result = simulate(trace, model, setting.policy, setup, queue=setting.queue)
+        predictions.append(summarise(result.records, objectives, setting.queue.cost()))
     return predictions
 
 
 def summarise(
-    metrics: list[RequestMetrics], objectives: Objectives | None = None
+    records: list[SimRecord],
+    objectives: Objectives | None = None,
+    cost: ServiceCost | None = None,
 ) -> SettingPrediction:
     """Output tok/s over the run (first arrival to last finish), TTFT p50/p99, TPOT p50/p99;
     with ``objectives``, goodput: requests per second of the run that met the latency
-    objectives (a request without a TPOT, one token long, meets a TPOT objective)."""
-    done = [m for m in metrics if m.finish_time is not None]
+    objectives (a request without a TPOT, one token long, meets a TPOT objective). With
+    objectives of one priority class, these figures are that class's. Per tenant and per
+    priority class: service shares (by ``cost``, the queue's) and latency percentiles."""
+    judged = [r for r in records if objectives is None or objectives.judged(r.priority)]
+    done = [r.metrics for r in judged if r.metrics.finish_time is not None]
     tokens = sum(len(m.token_times) for m in done)
     span = max((m.finish_time for m in done), default=0.0) - min(
         (m.arrival_time for m in done), default=0.0
@@ -130,4 +140,6 @@ def summarise(
         tpot_p99_s=percentile(tpots, 99),
         goodput_rps=goodput,
         requests=len(done),
+        tenants=by_tenant(records, cost),
+        priorities=by_priority(records, cost),
     )

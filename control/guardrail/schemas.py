@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, model_validator
 from control.api.openai_fields import JsonInt
 from control.core.config import MEMORY_RESERVE_BOUNDS
 from control.policy.schemas import REASON_PATTERN, PolicySettings, SettingPrediction
+from engine.tenants import MAX_PRIORITY, MIN_PRIORITY
 from policies.base import PolicyName
 
 GuardrailMode = Literal["off", "shadow", "on"]
@@ -90,6 +91,19 @@ class Objectives(_Strict):
         le=1e6,
         description="Floor on requests per second that finish within the latency objectives.",
     )
+    priority: JsonInt | None = Field(
+        None,
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        description=(
+            "Judge only requests of this priority class (a request's priority: lower is served "
+            "earlier), e.g. 0 for the interactive class; absent: every request."
+        ),
+    )
+
+    def judged(self, priority: int) -> bool:
+        """Whether a request of this priority counts towards the objectives."""
+        return self.priority is None or priority == self.priority
 
     @model_validator(mode="after")
     def _some(self) -> Objectives:

@@ -19,6 +19,7 @@ from control.core.config import MEMORY_RESERVE_BOUNDS, RECLAIM_INTERVAL_BOUNDS
 from control.schemas.errors import AdminError
 from policies.queue import FcfsQueue, QueueSpec
 from policies.spec import PolicySpec
+from sim.groups import GroupFigures
 
 Source = Literal["default", "stored", "override"]
 
@@ -130,6 +131,16 @@ class SettingPrediction(BaseModel):
         None, description="Predicted requests/s within the guardrail's objectives (when asked)."
     )
     requests: int = Field(description="Requests the simulation completed.")
+    tenants: list[GroupFigures] = Field(
+        default_factory=list,
+        description="Per tenant (the most served first, the rest as 'other'): service share "
+        "against its weight's share, TTFT and TPOT percentiles.",
+    )
+    priorities: list[GroupFigures] = Field(
+        default_factory=list,
+        description="Per priority class (lower is served earlier): service share, TTFT and "
+        "TPOT percentiles.",
+    )
 
 
 class Prediction(BaseModel):

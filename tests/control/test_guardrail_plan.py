@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from control.arrivals import ArrivalLog, Finished
 from control.guardrail.plan import (
@@ -323,3 +324,19 @@ def test_finished_requests_in_a_window_make_the_observed_figures() -> None:
     assert figures.goodput_rps == pytest.approx(2 / 15.0)  # the 1 s TTFT one missed
     empty = observed_figures([], T0, T0, 15.0, TTFT_1S)
     assert empty.requests == 0 and empty.ttft_p99_s is None and empty.goodput_rps == 0.0
+
+
+def test_an_objective_of_one_priority_class_judges_that_class_only() -> None:
+    records = [
+        Finished(10.0, 0.1, 0.01, 10, 0),  # the interactive class: fast
+        Finished(11.0, 0.2, 0.02, 10, 0),
+        Finished(12.0, 9.0, 0.5, 40, 10),  # the batch class: slow
+    ]
+    every = observed_figures(records, T0, T0, 10.0, TTFT_1S)
+    interactive = observed_figures(records, T0, T0, 10.0, Objectives(ttft_p99_s=1.0, priority=0))
+    assert every.requests == 3 and every.goodput_rps == pytest.approx(2 / 10.0)
+    assert interactive.requests == 2 and interactive.goodput_rps == pytest.approx(2 / 10.0)
+    assert interactive.ttft_p99_s == pytest.approx(0.1 + 0.99 * 0.1)
+    assert interactive.output_tokens_per_s == pytest.approx(20 / 10.0)
+    with pytest.raises(ValidationError, match="priority"):
+        Objectives(ttft_p99_s=1.0, priority=5000)

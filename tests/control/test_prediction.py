@@ -22,11 +22,12 @@ from control.guardrail.prediction import (
     simulate_settings,
 )
 from control.guardrail.schemas import Objectives
-from control.policy.schemas import PolicySettings
+from control.policy.schemas import PolicySettings, SettingPrediction
 from engine.config import EngineLimits
 from engine.outputs import RequestMetrics, RequestOutput
+from policies.queue import FairQueue, FcfsQueue, PriorityQueue
 from policies.spec import default_spec
-from sim.trace import read_trace
+from sim.trace import TraceRequest, read_trace
 from tests.control.support import ADMIN, TOKEN, ServerProcess
 from tests.tui.conftest import poll_times, quiet_settings, wait_for
 from tui.app import ConsoleApp
@@ -313,3 +314,38 @@ def test_trace_of_the_requests_finished_since() -> None:
     trace = log.trace(finished_since=16.0)
     assert [r.arrived_at for r in trace] == [0.0, 6.0]  # arrived 12.0 and 18.0, re-based
     assert len(log.trace()) == 4
+
+
+def two_tenant_burst() -> list[TraceRequest]:
+    """A's 80 long requests first, then B's 20 (priority 0 against A's 10): a backlog in
+    which the queue discipline decides who waits."""
+    a = [TraceRequest(0.001 * i, 1500, 100, 0, "A", 10) for i in range(80)]
+    b = [TraceRequest(0.1 + 0.001 * i, 1500, 100, 0, "B", 0) for i in range(20)]
+    return a + b
+
+
+def test_the_prediction_is_per_tenant_and_priority_and_simulates_the_queue(
+    predictor: Predictor,
+) -> None:
+    trace = two_tenant_burst()
+    base = SETTINGS[0]
+    queues = [FcfsQueue(), FairQueue(), PriorityQueue()]
+    fcfs, fair, prio = predictor.evaluate(
+        trace, [base.model_copy(update={"queue": q}) for q in queues], None
+    )
+
+    def b_ttft(p: SettingPrediction) -> float:
+        return next(g for g in p.tenants if g.key == "B").ttft_p50_s  # type: ignore[return-value]
+
+    for p in (fcfs, fair, prio):
+        assert {g.key for g in p.tenants} == {"A", "B"}
+        assert [g.key for g in p.priorities] == ["0", "10"]  # the most urgent first
+        assert sum(g.share for g in p.tenants) == pytest.approx(1.0)
+        assert next(g for g in p.tenants if g.key == "B").requests == 20
+    # B came last: first come, first served makes it wait for A's backlog; fair share and
+    # priority (B's 0 before A's 10) serve it early
+    assert b_ttft(fair) < b_ttft(fcfs) / 2 and b_ttft(prio) < b_ttft(fcfs) / 2
+    # an objective of priority class 0 judges B's requests only
+    judged = predictor.evaluate(trace, [base], Objectives(ttft_p99_s=60.0, priority=0))[0]
+    assert judged.requests == 20 and fcfs.requests == 100
+    assert judged.ttft_p99_s == next(g for g in fcfs.priorities if g.key == "0").ttft_p99_s
