@@ -85,7 +85,8 @@ def up(settings: Settings, args: argparse.Namespace, console: bool = True) -> in
         print(f"servedeck up: {exc}", file=sys.stderr)
         return 2
     env = {**os.environ, "SERVEDECK_ADMIN_TOKEN": token}  # not on the command line (ps)
-    if settings.api_key is not None:
+    if settings.api_key is not None and settings.api_key_file is None:
+        # (a key file is forwarded as its path: its named keys are the child's to read)
         env["SERVEDECK_API_KEY"] = settings.api_key.get_secret_value()
     with_console = console and _console_available()
     # The console owns the terminal: the server then logs to a file beside the database.

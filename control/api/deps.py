@@ -15,6 +15,7 @@ from sqlmodel import Session
 
 from control.api.errors import ApiError
 from control.context import AppContext
+from control.core.api_keys import ApiKey
 from control.guardrail.rows import ACTOR as GUARDRAIL_ACTOR
 from control.policy.rows import SEED_ACTOR
 from control.requests_text import TextJournal
@@ -124,20 +125,19 @@ def require_admin(
 AdminDep = Depends(require_admin)
 
 
-def require_api_key(ctx: ContextDep, request: Request) -> None:
-    """With ``--api-key`` set, /v1 needs ``Authorization: Bearer <key>`` (compared in constant
-    time); 401 in OpenAI's shape without it or with a wrong one. The header is read here, not
-    through a security scheme: the key is optional per server, so ``/openapi.json`` declares
-    the 401 and no scheme every request would have to satisfy."""
-    key = ctx.settings.api_key
-    if key is None:
-        return
+def require_api_key(ctx: ContextDep, request: Request) -> ApiKey | None:
+    """With API keys set (``--api-key``, ``--api-key-file``), /v1 needs ``Authorization:
+    Bearer <key>`` (compared in constant time); 401 in OpenAI's shape without it or with a
+    wrong one. Returns the key (its tenant, if named), None when the server needs none. The
+    header is read here, not through a security scheme: the key is optional per server, so
+    ``/openapi.json`` declares the 401 and no scheme every request would have to satisfy."""
+    keys = ctx.settings.api_keys()
+    if keys is None:
+        return None
     header = request.headers.get("authorization")
     scheme, _, given = (header or "").partition(" ")
-    valid = scheme.lower() == "bearer" and hmac.compare_digest(
-        given.strip().encode(), key.get_secret_value().encode()
-    )
-    if not valid:
+    found = keys.match(given.strip()) if scheme.lower() == "bearer" else None
+    if found is None:
         problem = "missing" if header is None else "not valid"
         raise ApiError(
             401,
@@ -146,9 +146,12 @@ def require_api_key(ctx: ContextDep, request: Request) -> None:
             reason="unauthorized",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    return found
 
 
 ApiKeyDep = Depends(require_api_key)
+AuthKeyDep = Annotated[ApiKey | None, ApiKeyDep]
+"""The key that authenticated the request (the router's own check, run once per request)."""
 
 
 IF_MATCH_PATTERN = r'^\s*(\*|(W/)?"?[0-9]{1,19}"?)\s*$'

@@ -7,7 +7,8 @@ asks for a behaviour servedeck does not have is refused with a 400 naming the fi
 silently ignored: the client would otherwise get an answer to a question it did not ask. The
 JSON Schema says the same (``maximum``, ``maxItems``, ``maxProperties``, ``enum``), so a
 client or a fuzzer reading ``/openapi.json`` never sends a refused value by accident.
-``user`` is accepted and recorded nowhere.
+``OwnerFields`` are the two that say whose a request is: ``user`` (OpenAI's) and
+``priority`` (vLLM's).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from pydantic import (
     field_validator,
 )
 from pydantic_core import PydanticCustomError
+
+from engine.tenants import DEFAULT_PRIORITY, MAX_PRIORITY, MAX_TENANT_NAME, MIN_PRIORITY
 
 
 def _json_integer(value: Any) -> Any:
@@ -46,8 +49,28 @@ def _refuse(field: str, accepted: str) -> PydanticCustomError:
     )
 
 
-class UnsupportedFields(BaseModel):
-    user: StrictStr | None = Field(None, description="Accepted and ignored (recorded nowhere).")
+class OwnerFields(BaseModel):
+    user: StrictStr | None = Field(
+        None,
+        description=(
+            "The request's tenant where the API key names none (advisory: a client may send "
+            f"any; the first {MAX_TENANT_NAME} characters count). A key named in "
+            "--api-key-file is its tenant whatever this says."
+        ),
+    )
+    priority: JsonInt = Field(
+        DEFAULT_PRIORITY,
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        description=(
+            "Lower is served earlier (vLLM's meaning), under the priority queue discipline "
+            "(and within a tenant under fair); the opposite of a schedule's priority, where "
+            "higher wins an overlap."
+        ),
+    )
+
+
+class UnsupportedFields(OwnerFields):
     best_of: JsonInt | None = Field(
         None,
         description="Only 1 (or null) is accepted: best-of-n selection is not supported.",

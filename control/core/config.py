@@ -13,9 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, create_model, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, create_model, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from control.core.api_keys import ApiKeys
 from engine.config import MEMORY_RESERVE_BOUNDS, config_options
 from policies.base import PolicyName
 
@@ -90,7 +91,12 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
     api_key: SecretStr | None = Field(
         None, description="When set, /v1 routes require 'Authorization: Bearer <key>'."
     )
-    api_key_file: Path | None = Field(None, description="File holding the API key.")
+    api_key_file: Path | None = Field(
+        None,
+        description="File holding the API keys: one per line, 'name:key' for a key that "
+        "names its tenant, or a bare key (docs/api.md).",
+    )
+    _api_keys: ApiKeys | None = PrivateAttr(None)
     max_body_bytes: int = Field(
         DEFAULT_MAX_BODY_BYTES, ge=1024, description="Larger request bodies get 413."
     )
@@ -220,21 +226,26 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
 
     @model_validator(mode="after")
     def _read_api_key_file(self) -> Settings:
-        """``--api-key-file`` fills ``api_key`` (so the key need not appear in ``ps``)."""
+        """``--api-key-file`` fills the keys (so no key need appear in ``ps``), ``api_key``
+        with its first (the server's own clients use it)."""
         if self.api_key is not None and not self.api_key.get_secret_value().strip():
             raise ValueError("the API key must not be empty")
         if self.api_key_file is None:
+            self._api_keys = ApiKeys.single(self.api_key) if self.api_key is not None else None
             return self
         if self.api_key is not None:
             raise ValueError("give --api-key or --api-key-file, not both")
         try:
-            key = self.api_key_file.read_text().strip()
+            text = self.api_key_file.read_text()
         except OSError as exc:
             raise ValueError(f"cannot read the API key file: {exc.strerror}") from None
-        if not key:
-            raise ValueError(f"the API key file {self.api_key_file} is empty")
-        self.api_key = SecretStr(key)
+        self._api_keys = ApiKeys.parse(text, str(self.api_key_file))
+        self.api_key = self._api_keys.first
         return self
+
+    def api_keys(self) -> ApiKeys | None:
+        """The keys /v1 accepts (None: no key needed)."""
+        return self._api_keys
 
     def engine_values(self) -> dict[str, Any]:
         """The engine settings by EngineConfig field name (the overrides go through the

@@ -30,7 +30,6 @@ from control.fleet.score import RouteHint
 from engine.errors import EngineStepError, EngineStopped, QueueFull, RequestRejected
 from engine.front import EngineFront, QueuedPrompt, request_ids
 from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +71,7 @@ class FleetEngine:
             raise EngineStopped(self._stopped)
         self.front.check_batch(batch)  # RequestRejected now, as a 400
         request_ids(batch)
-        streams = [FleetStream(self, list(q.token_ids), q.params, q.request_id) for q in batch]
+        streams = [FleetStream(self, q) for q in batch]
         BatchAdmission(streams)
         return streams
 
@@ -204,14 +203,18 @@ class BatchAdmission:
 class FleetStream:
     """One request's outputs from whichever replica the router chose."""
 
-    def __init__(
-        self, fleet: FleetEngine, token_ids: list[int], params: SamplingParams, request_id: str
-    ) -> None:
+    def __init__(self, fleet: FleetEngine, prompt: QueuedPrompt) -> None:
         self.fleet = fleet
-        self.request_id = request_id
+        self.request_id = prompt.request_id
         self.admission = BatchAdmission([self])
         """Its batch's (a batch of one until ``BatchAdmission`` joins it to the others)."""
-        self._args = (token_ids, params, request_id)
+        self._args = (
+            list(prompt.token_ids),
+            prompt.params,
+            prompt.request_id,
+            prompt.priority,
+            prompt.tenant,
+        )
         self._gen: DeploymentResponseGenerator | None = None
         self._done = False
         self.replica: str | None = None

@@ -21,9 +21,11 @@ from typing import Any
 from control.fleet.schemas import ReplicaReport
 from control.policy.schemas import PolicySettings
 from engine.config import EngineConfig
+from engine.front import QueuedPrompt
 from engine.kv_stats import KVIntegrity, ReclaimResult
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.tenants import DEFAULT_PRIORITY, DEFAULT_TENANT
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +71,16 @@ class EngineReplica:
         token_ids: list[int],
         params: SamplingParams,
         request_id: str,
+        priority: int = DEFAULT_PRIORITY,
+        tenant: str = DEFAULT_TENANT,
         route: Any = None,
     ) -> AsyncIterator[RequestOutput | str]:
         """This replica's id once the engine admitted the request (``QueueFull`` comes before
         it: the control plane still answers 429), then its outputs (``route``: the router's
-        hint)."""
-        stream = self.local.add_request(token_ids, params, request_id)
+        hint). Its priority and tenant are the front's (the fair queue's ledger is each
+        replica's own)."""
+        prompt = QueuedPrompt(token_ids, params, request_id, priority, tenant)
+        stream = self.local.add_requests([prompt])[0]
         try:
             yield self.id
             async for output in stream:

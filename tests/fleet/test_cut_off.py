@@ -35,9 +35,10 @@ class Generator:
 
 def stream_on(fleet: Any, replica: str, outputs: list[str]) -> Any:
     from control.fleet.client import FleetStream
+    from engine.front import QueuedPrompt
     from engine.sampling_params import SamplingParams
 
-    stream = FleetStream(fleet, [1, 2, 3], SamplingParams(), f"req-{replica}")
+    stream = FleetStream(fleet, QueuedPrompt([1, 2, 3], SamplingParams(), f"req-{replica}"))
     stream._gen, stream.replica = Generator(outputs), replica  # as start() leaves them
     return stream
 

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from control.api.chat_choices import Render
-from control.api.deps import ApiKeyDep, ContextDep, RuntimeDep
+from control.api.deps import ApiKeyDep, AuthKeyDep, ContextDep, RuntimeDep
 from control.api.errors import RETRY_AFTER_S, ApiError, rejection_code
 from control.api.generation import Answers, check_request, sampling_params
 from control.api.limits import CostFields, RequestCost, check_request_cost
@@ -25,10 +25,11 @@ from control.api.prompt_streams import PromptStream
 from control.chat.render import ChatRenderer, RendererBusy
 from control.chat.schemas import ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse
 from control.chat.template import ChatTemplateError
+from control.core.api_keys import tenant_of
 from control.requests_text import watched
 from engine.admission import check_text_size
 from engine.errors import RequestRejected
-from engine.front import EngineFront
+from engine.front import EngineFront, QueuedPrompt
 from engine.sampling_params import SamplingParams
 
 router = APIRouter(tags=["public"], dependencies=[ApiKeyDep])
@@ -39,7 +40,11 @@ ANSWERS = Answers(ChatCompletionResponse, ChatCompletionChunk, "chat completion"
     "/v1/chat/completions", response_model=ChatCompletionResponse, responses=ANSWERS.responses
 )
 async def create_chat_completion(
-    body: ChatCompletionRequest, runtime: RuntimeDep, ctx: ContextDep, request: Request
+    body: ChatCompletionRequest,
+    runtime: RuntimeDep,
+    ctx: ContextDep,
+    request: Request,
+    key: AuthKeyDep,
 ):
     check_request(body, runtime, ctx.settings)
     if body.top_logprobs is not None and not body.logprobs:
@@ -65,7 +70,10 @@ async def create_chat_completion(
         CostFields(tokens=body.output_limit_field, logprobs="top_logprobs"),
     )
     try:
-        stream = runtime.service.add_request(token_ids, params, request_id)
+        prompt = QueuedPrompt(
+            token_ids, params, request_id, body.priority, tenant_of(key, body.user)
+        )
+        stream = runtime.service.add_requests([prompt])[0]
     except RequestRejected as exc:  # the engine names its own fields
         names = {"prompt": "messages", "max_tokens": body.output_limit_field}
         renamed = RequestRejected(str(exc), names.get(exc.param, exc.param))

@@ -19,7 +19,7 @@ from functools import partial
 from fastapi import APIRouter, Request
 from tokenizers import Tokenizer
 
-from control.api.deps import ApiKeyDep, ContextDep, RuntimeDep
+from control.api.deps import ApiKeyDep, AuthKeyDep, ContextDep, RuntimeDep
 from control.api.generation import Answers, check_request, sampling_params
 from control.api.limits import (
     RequestCost,
@@ -29,6 +29,7 @@ from control.api.limits import (
 )
 from control.api.logprobs import TokenTexts, completion_logprobs
 from control.api.prompt_streams import PromptStream
+from control.core.api_keys import tenant_of
 from control.requests_text import watched
 from control.schemas.completions import (
     CompletionChoice,
@@ -46,7 +47,11 @@ ANSWERS = Answers(CompletionResponse, CompletionResponse, "completion")
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=ANSWERS.responses)
 async def create_completion(
-    body: CompletionRequest, runtime: RuntimeDep, ctx: ContextDep, request: Request
+    body: CompletionRequest,
+    runtime: RuntimeDep,
+    ctx: ContextDep,
+    request: Request,
+    key: AuthKeyDep,
 ):
     settings = ctx.settings
     check_request(body, runtime, settings)
@@ -65,7 +70,11 @@ async def create_completion(
     request_id = f"cmpl-{uuid.uuid4().hex}"
     params = engine_params(body)
     ids = prompt_request_ids(request_id, len(prompts))
-    batch = [QueuedPrompt(tokens, params, rid) for tokens, rid in zip(token_ids, ids, strict=True)]
+    tenant = tenant_of(key, body.user)
+    batch = [
+        QueuedPrompt(tokens, params, rid, body.priority, tenant)
+        for tokens, rid in zip(token_ids, ids, strict=True)
+    ]
     streams = runtime.service.add_requests(batch)
     parts = [
         PromptStream(
