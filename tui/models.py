@@ -103,6 +103,9 @@ class RequestInfo(Model):
     blocks: int = 0
     age_s: float = 0.0
     preemptions: int = 0
+    tenant: str = "default"
+    priority: int = 0
+    """The request's own priority: lower is served earlier (under the priority queue)."""
 
 
 class RequestText(Model):

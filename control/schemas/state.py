@@ -12,7 +12,15 @@ from pydantic import (
 
 from control.models import ReclaimRunBase
 from engine.kv_stats import KVStats
-from engine.snapshot import Latency, QueueDepths, RequestSnapshot, Throughput, Totals
+from engine.snapshot import (
+    Latency,
+    QueueDepths,
+    RequestSnapshot,
+    TenantSnapshot,
+    Throughput,
+    Totals,
+)
+from policies.queue import FcfsQueue, QueueSpec
 from policies.snapshot import PolicySnapshot
 from policies.spec import PolicySpec
 
@@ -58,6 +66,14 @@ class AdminState(BaseModel):
     memory_reserve: float
     uptime_s: float
     queue: QueueDepths
+    queue_order: QueueSpec = Field(
+        default_factory=FcfsQueue, description="The queue discipline in force."
+    )
+    tenants: list[TenantSnapshot] = Field(
+        default_factory=list,
+        description="Every tenant seen (bounded; the rest as 'other'): weight, counter, "
+        "service, waiting, running, refused.",
+    )
     requests: list[RequestRow]
     kv: KVState
     block_map: str = Field(description="One character per block: '.' free, '#' used, 'c' cached.")

@@ -191,10 +191,10 @@ async def test_request_table_sorts_by_any_column_and_filters() -> None:
             assert column(table.sort_column) == sorted(column(table.sort_column), reverse=True)
         await pilot.press("S")
         assert column(table.sort_column) == sorted(column(table.sort_column))
-        await pilot.click(RequestTable, offset=(32, 1))  # the "Prompt" header
+        await pilot.click(RequestTable, offset=(51, 1))  # the "Prompt" header
         assert table.sort_column == "prompt_tokens"
         assert column("prompt_tokens") == sorted(column("prompt_tokens"))
-        await pilot.click(RequestTable, offset=(32, 1))
+        await pilot.click(RequestTable, offset=(51, 1))
         assert column("prompt_tokens") == sorted(column("prompt_tokens"), reverse=True)
         await pilot.press("slash", *"wait")
         assert table.row_count == 7

@@ -14,6 +14,8 @@ from tui.models import RequestInfo
 COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("id", "Request", 15),
     ("state", "State", 8),
+    ("tenant", "Tenant", 10),
+    ("priority", "Prio", 5),  # lower is served earlier (a schedule's priority: higher wins)
     ("prompt_tokens", "Prompt", 6),
     ("generated_tokens", "Gen", 5),
     ("blocks", "Blk", 5),
@@ -41,6 +43,8 @@ def cells_for(request: RequestInfo) -> dict[str, Cell]:
     return {
         "id": Cell(rid, rid, rid, right=False),
         "state": Cell(request.state, rid, request.state, right=False),
+        "tenant": Cell(request.tenant, rid, request.tenant, right=False),
+        "priority": Cell(request.priority, rid, str(request.priority)),
         "prompt_tokens": Cell(request.prompt_tokens, rid, str(request.prompt_tokens)),
         "generated_tokens": Cell(request.generated_tokens, rid, str(request.generated_tokens)),
         "blocks": Cell(request.blocks, rid, str(request.blocks)),
@@ -70,7 +74,8 @@ class RequestTable(DataTable[Cell]):
 
     def matches(self, request: RequestInfo) -> bool:
         needle = self.filter_text.strip().lower()
-        return not needle or needle in request.id.lower() or needle in request.state.lower()
+        fields = (request.id, request.state, request.tenant)
+        return not needle or any(needle in f.lower() for f in fields)
 
     def _sync(self) -> None:
         selected = self._selected_key()
@@ -109,6 +114,7 @@ class RequestTable(DataTable[Cell]):
         if self.filter_text:
             title += f" · filter “{self.filter_text}”"
         self.border_title = title
+        self.border_subtitle = "Prio: lower is served first"
 
     def watch_filter_text(self) -> None:
         if self.is_mounted:
