@@ -64,6 +64,11 @@ class TenantSnapshot(BaseModel):
     counter: float = Field(
         description="Its virtual token counter: weighted service over its weight (VTC)."
     )
+    service: float = Field(
+        0.0,
+        description="Weighted service: prompt and output tokens by the token weights in "
+        "force (VTC's w_p, w_q), not divided by its weight.",
+    )
     input_tokens: int = Field(description="Prompt tokens served (charged when scheduled).")
     output_tokens: int = Field(description="Output tokens served.")
     waiting: int
@@ -76,6 +81,11 @@ class TenantSnapshot(BaseModel):
             name=account.name,
             weight=account.weight,
             counter=account.counter,
+            service=account.weight
+            * (
+                account.input_cost * account.input_tokens
+                + account.output_cost * account.output_tokens
+            ),
             input_tokens=account.input_tokens,
             output_tokens=account.output_tokens,
             waiting=sum(s.status is SequenceStatus.WAITING for s in seqs),

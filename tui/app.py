@@ -34,6 +34,7 @@ from tui.screens.policy_editor import PolicyEditorScreen
 from tui.screens.polled import PolledScreen
 from tui.screens.request_detail import RequestDetailScreen
 from tui.screens.schedules import SchedulesScreen
+from tui.screens.tenants import TenantsScreen
 from tui.widgets.block_map import BlockMap
 from tui.widgets.latency_panel import LatencyPanel
 from tui.widgets.maintenance_panel import MaintenancePanel
@@ -188,6 +189,9 @@ class MainScreen(ConsoleScreen):
 
     def action_guardrail(self) -> None:
         self.app.push_screen(GuardrailScreen(self.read_only))
+
+    def action_tenants(self) -> None:
+        self.app.push_screen(TenantsScreen(self.read_only))
 
     def action_demo_load(self) -> None:
         self.run_worker(self._toggle_demo_load(), group="demo_load", exclusive=True)

@@ -16,7 +16,9 @@ from typing import Literal
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-Scope = Literal["app", "main", "request", "editor", "history", "schedules", "guardrail", "dialog"]
+Scope = Literal[
+    "app", "main", "request", "editor", "history", "schedules", "guardrail", "tenants", "dialog"
+]
 
 SCOPE_TITLES: dict[Scope, str] = {
     "app": "Everywhere",
@@ -26,6 +28,7 @@ SCOPE_TITLES: dict[Scope, str] = {
     "history": "Policy history",
     "schedules": "Schedules",
     "guardrail": "Guardrail",
+    "tenants": "Tenants",
     "dialog": "Dialogs",
 }
 
@@ -134,6 +137,14 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command("history", "h", "History", "history", scope="main", help="Policy versions"),
     Command(
+        "tenants",
+        "n",
+        "Tenants",
+        "tenants",
+        scope="main",
+        help="Each tenant's share of service against its weight, queue and counter",
+    ),
+    Command(
         "schedules",
         "w",
         "Schedules",
@@ -219,6 +230,7 @@ COMMANDS: tuple[Command, ...] = (
         help="Turn the guardrail off: mode off, with a reason (asks first)",
     ),
     Command("close_guardrail", "escape", "Close", "close", scope="guardrail", help="Back"),
+    Command("close_tenants", "escape", "Close", "close", scope="tenants", help="Back"),
     Command("dismiss", "escape", "Close", "dismiss", scope="dialog", help="Close this dialog"),
 )
 
@@ -229,6 +241,7 @@ OPENED_BY: dict[Scope, str] = {
     "history": "history",
     "schedules": "schedules",
     "guardrail": "guardrail",
+    "tenants": "tenants",
 }
 """Screens reached through a command: when that command is off, so is the whole screen."""
 

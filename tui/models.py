@@ -236,9 +236,31 @@ class FleetRestart(Model):
     error: str | None = None
 
 
+class TenantInfo(Model):
+    """One tenant in ``/admin/state.tenants``: its service so far and its requests now."""
+
+    name: str
+    weight: float = 1.0
+    counter: float = 0.0
+    service: float = 0.0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    waiting: int = 0
+    running: int = 0
+    refused: int = 0
+
+
+class QueueOrder(Model):
+    """The queue discipline in force (its params ride along as extra fields)."""
+
+    name: str = "fcfs"
+
+
 class AdminState(Model):
     version: int
     policy: PolicySpec
+    queue_order: QueueOrder = Field(default_factory=QueueOrder)
+    tenants: list[TenantInfo] = Field(default_factory=list)
     scheduler: dict[str, Any] = Field(default_factory=dict)
     memory_reserve: float = 0.0
     uptime_s: float = 0.0

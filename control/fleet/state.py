@@ -132,6 +132,7 @@ def _tenants(per_replica: list[tuple[TenantSnapshot, ...]]) -> tuple[TenantSnaps
                 else seen.model_copy(
                     update={
                         "counter": seen.counter + t.counter,
+                        "service": seen.service + t.service,
                         "input_tokens": seen.input_tokens + t.input_tokens,
                         "output_tokens": seen.output_tokens + t.output_tokens,
                         "waiting": seen.waiting + t.waiting,

@@ -24,6 +24,7 @@ from tui.screens.history import HistoryScreen
 from tui.screens.policy_editor import PolicyEditorScreen
 from tui.screens.request_detail import RequestDetailScreen
 from tui.screens.schedules import SchedulesScreen
+from tui.screens.tenants import TenantsScreen
 
 SCREENS = {
     "app": ConsoleApp,
@@ -33,6 +34,7 @@ SCREENS = {
     "history": HistoryScreen,
     "schedules": SchedulesScreen,
     "guardrail": GuardrailScreen,
+    "tenants": TenantsScreen,
     "dialog": DialogScreen,
 }
 
@@ -43,7 +45,16 @@ def test_every_command_names_an_action_of_its_scope() -> None:
 
 
 def test_no_key_means_two_things_in_one_place() -> None:
-    for scope in ("main", "request", "editor", "history", "schedules", "guardrail", "dialog"):
+    for scope in (
+        "main",
+        "request",
+        "editor",
+        "history",
+        "schedules",
+        "guardrail",
+        "tenants",
+        "dialog",
+    ):
         keys = [
             key.strip()
             for c in commands_for(scope, read_only=False) + commands_for("app", read_only=False)
