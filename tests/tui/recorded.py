@@ -40,7 +40,7 @@ def state_series(count: int) -> list[dict[str, Any]]:
         j = len(tokens) - count + i
         state = copy.deepcopy(base)
         state["throughput"]["output_tokens_per_s"] = tokens[j]
-        state["queue"] = {"waiting": queue[j][0], "running": queue[j][1]}
+        state["queue"] |= {"waiting": queue[j][0], "running": queue[j][1]}
         state["kv"]["usage"] = usage[j]
         states.append(state)
     return states

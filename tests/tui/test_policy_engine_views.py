@@ -10,6 +10,7 @@ import json
 import httpx
 import pytest
 
+from control.fleet.schemas import AdminState as ServerAdminState
 from control.guardrail.schemas import DecisionList as ServerDecisionList
 from control.guardrail.schemas import GuardrailUpdate
 from control.guardrail.schemas import GuardrailView as ServerGuardrailView
@@ -53,6 +54,8 @@ def test_recorded_fixtures_are_what_the_server_answers() -> None:
     ServerScheduleList.model_validate(load("schedules"))
     view = ServerGuardrailView.model_validate(load("guardrail"))
     ServerDecisionList.model_validate(load("guardrail_decisions"))
+    ServerAdminState.model_validate(load("state"))
+    ServerAdminState.model_validate(load("state_fleet"))
     GuardrailUpdate.model_validate({**view.config.model_dump(), "reason": KILL_REASON})
 
 
@@ -75,6 +78,7 @@ async def test_schedules_view_shows_each_window_its_next_firing_and_the_one_in_f
         assert "Window in force: schedule 2" in window
         assert "since Sun 29 Nov 10:00 UTC, until 12:30 UTC" in window
         assert "schedule 1" in text(app, "#schedules-detail")
+        assert "(high wins)" in text(app, "#schedules-detail")  # not the requests' direction
         await pilot.press("down")
         detail = text(app, "#schedules-detail")
         assert "morning report traffic" in detail and "reserve=0.15" in detail

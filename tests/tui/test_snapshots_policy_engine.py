@@ -1,5 +1,5 @@
-"""Snapshots of the schedules view and the guardrail panel on recorded responses (see
-test_snapshots.py for how to update them)."""
+"""Snapshots of the schedules view, the guardrail panel and the tenants view on recorded
+responses (see test_snapshots.py for how to update them)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from tui.screens.confirm import ConfirmScreen
 from tui.screens.guardrail import GuardrailScreen
 from tui.screens.polled import PolledScreen
 from tui.screens.schedules import SchedulesScreen
+from tui.screens.tenants import TenantsScreen
 
 SIZE = (120, 40)
 
@@ -68,5 +69,14 @@ def test_guardrail_panel_read_only(snap_compare) -> None:
 
     async def run_before(pilot: Pilot) -> None:
         await open_screen(pilot, app, "g", GuardrailScreen)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_tenants_view(snap_compare) -> None:
+    app = console()
+
+    async def run_before(pilot: Pilot) -> None:
+        await open_screen(pilot, app, "n", TenantsScreen)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)

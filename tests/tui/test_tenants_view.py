@@ -59,3 +59,14 @@ async def test_the_tenants_view_shows_shares_queue_and_the_discipline() -> None:
         assert "2 more" in message
         await pilot.press("escape")
         await wait_for(pilot, lambda: not isinstance(app.screen, TenantsScreen))
+
+
+async def test_the_request_filter_matches_the_tenant() -> None:
+    app = ConsoleApp(quiet_settings(), client=RecordedServer().client())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await poll_times(pilot, app, 1)
+        table = app.screen.query_one(RequestTable)
+        await pilot.press("slash", *"batch")
+        await wait_for(pilot, lambda: table.row_count == 6, what="batch's six requests")
+        assert {table.get_cell(key, "tenant").text for key in table.rows} == {"batch"}
+        assert table.border_subtitle == "Prio: lower is served first"

@@ -90,7 +90,7 @@ def detail(schedule: Schedule) -> Content:
         Content.assemble(
             (f"schedule {schedule.id}", "bold"),
             f"  {cron_text(schedule)} until {schedule.until} ({schedule.timezone})"
-            f"  priority {schedule.priority}  by {schedule.actor or '—'}",
+            f"  priority {schedule.priority} (high wins)  by {schedule.actor or '—'}",
         ),
         Content(f"policy {setting_text(schedule)}"),
         Content(f"reason: {schedule.reason}"),
@@ -110,6 +110,7 @@ class SchedulesScreen(PolledScreen[ScheduleList]):
         yield Static("", id="schedules-window")
         table: DataTable[Text] = DataTable(id="schedules-table", cursor_type="row")
         table.border_title = "Policy windows"
+        table.border_subtitle = "Prio: higher wins an overlap"
         yield table
         yield Static("", id="schedules-detail")
         yield Static("", id="schedules-message", classes="screen-message")
