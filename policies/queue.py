@@ -20,9 +20,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from engine.tenants import MAX_TENANT_NAME, MAX_TENANTS, ServiceCost
-from policies.json_types import JsonBool, JsonNumber
+from policies.json_types import JsonBool, JsonNumber, json_typed
 
 TenantName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TENANT_NAME)]
+_Weight = Annotated[float, Field(gt=0, le=1000), json_typed("number")]
+"""A tenant's share weight. The bounds come before the JSON type check, so that the schema
+states them as JSON Schema does (``exclusiveMinimum``, ``maximum``) inside the mapping."""
 
 
 def _tag_required(schema: dict[str, Any]) -> None:
@@ -71,7 +74,7 @@ class FairQueue(_Queue):
     """Fair share between tenants by the Virtual Token Counter."""
 
     name: Literal["fair"] = Field("fair", description="Queue order.")
-    weights: dict[TenantName, Annotated[JsonNumber, Field(gt=0, le=1000)]] = Field(
+    weights: dict[TenantName, _Weight] = Field(
         default_factory=dict,
         max_length=MAX_TENANTS,
         description="Each tenant's share weight (2 gets twice the service of 1).",

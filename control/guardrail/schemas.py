@@ -8,7 +8,7 @@ A knob without bounds is never moved. Each PUT stores the whole document as a ne
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, model_validator
 
@@ -17,6 +17,7 @@ from control.core.config import MEMORY_RESERVE_BOUNDS
 from control.policy.schemas import REASON_PATTERN, PolicySettings, SettingPrediction
 from engine.tenants import MAX_PRIORITY, MIN_PRIORITY
 from policies.base import PolicyName
+from policies.json_types import json_typed
 
 GuardrailMode = Literal["off", "shadow", "on"]
 Outcome = Literal["applied", "shadow", "rate_limited", "window_active", "conflict", "failed"]
@@ -80,6 +81,11 @@ class KnobBounds(_Strict):
     memory_reserve: ReserveRange | None = Field(None, description="e.g. 0.10-0.15.")
 
 
+PriorityClass = Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY), json_typed("integer")]
+"""A request priority (the bounds before the JSON type check, so that the schema states them
+inside the optional field's ``anyOf``)."""
+
+
 class Objectives(_Strict):
     """What the guardrail keeps; at least one is set."""
 
@@ -91,10 +97,8 @@ class Objectives(_Strict):
         le=1e6,
         description="Floor on requests per second that finish within the latency objectives.",
     )
-    priority: JsonInt | None = Field(
+    priority: PriorityClass | None = Field(
         None,
-        ge=MIN_PRIORITY,
-        le=MAX_PRIORITY,
         description=(
             "Judge only requests of this priority class (a request's priority: lower is served "
             "earlier), e.g. 0 for the interactive class; absent: every request."

@@ -20,7 +20,12 @@ from tests.control.support import ADMIN, ServerProcess, set_settings, wait_for
 SMALL_BUDGET = {"name": "continuous", "params": {"max_num_batched_tokens": 16}}
 CONFIG = {
     "mode": "shadow",
-    "objectives": {"ttft_p99_s": 1e-6, "tpot_p99_s": None, "goodput_min_rps": None},
+    "objectives": {
+        "ttft_p99_s": 1e-6,
+        "tpot_p99_s": None,
+        "goodput_min_rps": None,
+        "priority": None,
+    },
     "bounds": {
         "policies": ["continuous"],
         "max_num_seqs": None,

@@ -163,3 +163,28 @@ def test_openapi_declares_every_public_answer(client: httpx.Client) -> None:
         256,
         1,
     )
+
+
+PYDANTIC_ONLY = {"gt", "ge", "lt", "le", "multiple_of"}
+
+
+def misspelled_bounds(node: object, where: str = "") -> list[str]:
+    """Where a schema states a bound by pydantic's name (``gt``) instead of JSON Schema's
+    (``exclusiveMinimum``): a client, or a fuzzer, would read it as no bound at all."""
+    found: list[str] = []
+    if isinstance(node, dict):
+        if "type" in node and PYDANTIC_ONLY & node.keys():
+            found.append(where)
+        for key, value in node.items():
+            found += misspelled_bounds(value, f"{where}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += misspelled_bounds(value, f"{where}/{i}")
+    return found
+
+
+def test_openapi_states_every_bound_as_json_schema_does(client: httpx.Client) -> None:
+    spec = client.get("/openapi.json").json()
+    assert not misspelled_bounds(spec)
+    weights = spec["components"]["schemas"]["FairQueue"]["properties"]["weights"]
+    assert weights["additionalProperties"]["exclusiveMinimum"] == 0
