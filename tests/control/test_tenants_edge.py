@@ -1,10 +1,12 @@
 """Whose a request is, at the HTTP edge (issue 27): a named key of ``--api-key-file`` is its
 tenant whatever the body's ``user`` says (a client cannot claim another key's tenant); a bare
 key, or no key, leaves the tenant to ``user``, else ``default``; ``priority`` is bounded and
-a bad one is a 400 naming it. Read back from the per-tenant metrics of a real server."""
+a bad one is a 400 naming it; a live switch fcfs -> fair -> priority through the store, under
+load, loses nothing. Read back from the per-tenant metrics of a real server."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from control.core.api_keys import ApiKeys, tenant_of
 from engine.tenants import MAX_TENANT_NAME, MAX_TENANTS
-from tests.control.support import TOKEN, ServerProcess
+from tests.control.support import TOKEN, ServerProcess, set_settings, state, wait_for
 from tests.control.test_hostile_inputs import assert_openai_error
 
 KEYS = {"alice": "sk-alice-0c9a77d2", "bob": "sk-bob-4f0d5b1e"}
@@ -140,3 +142,42 @@ def test_the_key_file_names_keys_and_refuses_ambiguity() -> None:
     ):
         with pytest.raises(ValueError, match=problem):
             ApiKeys.parse(text, "f")
+
+
+def test_a_live_switch_fcfs_fair_priority_under_load_loses_nothing(http: httpx.Client) -> None:
+    """Through the store, on a real server, while both tenants' requests wait and run: every
+    request is answered in full, each tenant's served tokens count every one of them, and the
+    discipline in force is the one the answer said it stored."""
+    set_settings(http, policy={"name": "continuous", "params": {"max_num_seqs": 2}})
+    before = served(http)
+    jobs = [("alice" if i % 3 else "bob", 40 + i % 24, i % 4) for i in range(30)]
+    results: list[tuple[int, int | None, str | None]] = []
+
+    def send(tenant: str, tokens: int, priority: int) -> None:
+        body = {"prompt": "Hi there", "max_tokens": tokens, "ignore_eos": True}
+        with httpx.Client(base_url=str(http.base_url), timeout=120) as own:
+            r = own.post("/v1/completions", json={**body, "priority": priority},
+                         headers=bearer(KEYS[tenant]))  # fmt: skip
+        usage, choice = (r.json()["usage"], r.json()["choices"][0]) if r.is_success else ({}, {})
+        results.append((r.status_code, usage.get("completion_tokens"), choice.get("finish_reason")))
+
+    threads = [threading.Thread(target=send, args=job) for job in jobs]
+    for thread in threads:
+        thread.start()
+    switched = []
+    for queue in ({"name": "fair", "weights": {"alice": 2.0}}, {"name": "priority"}):
+        wait_for(lambda: state(http)["queue"]["waiting"] > 0, timeout=30)
+        result = set_settings(http, queue=queue)
+        assert result["status"]["state"] == "applied", result
+        depths = state(http)["queue"]
+        switched.append((state(http)["queue_order"]["name"], depths["waiting"] + depths["running"]))
+    for thread in threads:
+        thread.join(timeout=180)
+    assert [name for name, _ in switched] == ["fair", "priority"]
+    assert all(busy > 0 for _, busy in switched), switched  # each switch met requests in flight
+    assert sorted(results) == sorted((200, tokens, "length") for _, tokens, _ in jobs)
+    after = served(http)
+    for tenant in KEYS:
+        want = sum(tokens for t, tokens, _ in jobs if t == tenant)
+        assert after[tenant] - before.get(tenant, 0) == want, tenant
+    set_settings(http, queue={"name": "fcfs"})
