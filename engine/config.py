@@ -90,7 +90,8 @@ class EngineConfig:
     native_attention: bool = knob(
         True,
         "CPU decode attention through servedeck's C++ kernel, built on first start with the "
-        "machine's g++ (AVX-512; kernels.native); where it cannot be built, torch's products",
+        "machine's g++ (AVX-512, or AVX2 with FMA; kernels.native); where it cannot be built, "
+        "torch's products",
     )
     gpu_memory_utilization: float = knob(0.90, "share of GPU memory the engine may take")
     num_threads: int | None = knob(None, "torch CPU threads (default: torch's)", ge=1)

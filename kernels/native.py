@@ -10,11 +10,18 @@ Keeping the gathered copies cost more again (``kernels.decode_gather``: the copi
 regrown as rows join). The kernel reads the pool itself through the block tables, as vLLM's
 CPU backend does, one pass per (row, KV head) over the row's own length (docs/benchmarks.md).
 
+Two paths in the one source, chosen by what ``-march=native`` enables: AVX-512 (16 float
+lanes; bfloat16 keys by VDPBF16PS where the CPU has AVX512_BF16) and AVX2 with FMA (8 lanes,
+bfloat16 keys widened). Both score a bfloat16 key against the query rounded to bfloat16 and
+compare to the same oracle; ``build(dir, ("-mno-avx512f",))`` builds the AVX2 path on an
+AVX-512 CPU, which is how its tests check it there.
+
 The build: ``g++ -O3 -march=native`` against torch's headers and libraries (no ninja, no
 pybind11; about 7 s), into ``build_dir`` under a name hashed from the source, the flags, torch's
 version, the compiler and the CPU's flags, written to a temporary name and renamed (two
 processes building at once both succeed). ``load`` returns None, after one warning saying why,
-where it cannot be built (no compiler, no AVX-512, not torch's OpenMP build): the torch
+where it cannot be built (no compiler, neither AVX-512 nor AVX2 with FMA, not torch's OpenMP
+build): the torch
 backend's batched products then run, as they do on CUDA.
 """
 
@@ -37,7 +44,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "decode_attention.cpp"
 HEAD_DIMS = (16, 32, 48, 64, 80, 96, 128)
-"""Head dims the kernel is instantiated for (multiples of 16 AVX-512 lanes)."""
+"""Head dims the kernel is instantiated for (multiples of 16 AVX-512 lanes, so of 8 AVX2 ones)."""
 KV_DTYPES = (torch.float32, torch.bfloat16)
 BUILD_TIMEOUT_S = 180.0
 
@@ -116,12 +123,30 @@ def _command(compiler: str, out: Path, extra_flags: tuple[str, ...] = ()) -> lis
     ]
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
+    """The ``flags`` line of ``/proc/cpuinfo`` (the processor's name where there is none)."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return platform.processor()
     return next((line for line in lines if line.startswith("flags")), "")
+
+
+def missing_isa(flags: str) -> str | None:
+    """Why a CPU with these ``/proc/cpuinfo`` flags cannot run the kernel, or None where it can
+    (AVX-512 Foundation, or AVX2 with FMA)."""
+    names = set(flags.split())
+    if "avx512f" in names or {"avx2", "fma"} <= names:
+        return None
+    return "this CPU has neither AVX-512 nor AVX2 with FMA"
+
+
+def isa(extra_flags: tuple[str, ...] = ()) -> str:
+    """The path a build with these flags runs on this CPU: ``"avx512"`` or ``"avx2"``."""
+    names = set(cpu_flags().split())
+    if "avx512f" in names and "-mno-avx512f" not in extra_flags:
+        return "avx512"
+    return "avx2"
 
 
 def library_path(build_dir: Path, compiler: str, extra_flags: tuple[str, ...] = ()) -> Path:
@@ -130,18 +155,21 @@ def library_path(build_dir: Path, compiler: str, extra_flags: tuple[str, ...] = 
     key.update(SOURCE.read_bytes())
     key.update(" ".join(_command(compiler, Path("out"), extra_flags)).encode())
     key.update(torch.__version__.encode())
-    key.update(_cpu_flags().encode())
+    key.update(cpu_flags().encode())
     return build_dir / f"decode_attention-{key.hexdigest()[:16]}.so"
 
 
 def build(build_dir: Path, extra_flags: tuple[str, ...] = ()) -> Path:
     """The kernel's shared object for this machine, compiled unless already there.
     ``extra_flags`` go after ``-march=native`` (``-mno-avx512bf16`` builds the path a CPU
-    without AVX512_BF16 runs)."""
+    without AVX512_BF16 runs, ``-mno-avx512f`` the AVX2 one)."""
     if platform.machine() not in ("x86_64", "AMD64"):
-        raise NativeBuildError(f"the kernel is x86-64 AVX-512, this is {platform.machine()}")
-    if "avx512f" not in _cpu_flags():
-        raise NativeBuildError("this CPU has no AVX-512")
+        raise NativeBuildError(
+            f"the kernel is x86-64 (AVX-512 or AVX2 with FMA), this is {platform.machine()}"
+        )
+    missing = missing_isa(cpu_flags())
+    if missing is not None:
+        raise NativeBuildError(missing)
     compiler = _compiler()
     path = library_path(build_dir, compiler, extra_flags)
     if path.is_file():
@@ -182,5 +210,5 @@ def load(build_dir: Path | None = None) -> NativeKernels | None:
     except (NativeBuildError, OSError, RuntimeError) as exc:
         log.warning("native decode attention unavailable, torch's products instead: %s", exc)
         return None
-    log.info("native decode attention: %s", path)
+    log.info("native decode attention (%s): %s", isa(), path)
     return NativeKernels(path)

@@ -9,8 +9,12 @@
 // has AVX512_BF16); the query and the output are float32. Built and
 // loaded by kernels/native.py; kernels/torch_attention.py's gathered batched products are the
 // fallback and kernels/reference.py the oracle both are tested against.
-#ifndef __AVX512F__
-#error "the native decode attention needs AVX-512 (built with -march=native)"
+//
+// Two paths, chosen at compile time by -march=native: AVX-512 (16 float lanes) and, on a CPU
+// without it, AVX2 with FMA (8 lanes; bfloat16 keys always widened to float32). They differ
+// only in attend_item and its helpers; the walk over rows, the checks and the op are shared.
+#if !defined(__AVX512F__) && !(defined(__AVX2__) && defined(__FMA__))
+#error "the native decode attention needs AVX-512, or AVX2 with FMA (built with -march=native)"
 #endif
 #include <torch/library.h>
 #include <ATen/core/Tensor.h>
@@ -24,6 +28,33 @@
 #include <vector>
 
 namespace {
+
+// One row's positions under one KV head: blocks of block_size contiguous [dim] rows.
+template <typename T, int64_t DIM>
+struct Paged {
+  const T* head;         // this KV head's [num_blocks, block_size, DIM]
+  const int64_t* table;  // this row's blocks, in order
+  int64_t block_size;
+
+  // f(first position, its row, rows): runs of up to block_size contiguous positions
+  template <typename F>
+  void runs(int64_t len, F&& f) const {
+    for (int64_t start = 0, j = 0; start < len; start += block_size, ++j)
+      f(start, head + table[j] * block_size * DIM, std::min(block_size, len - start));
+  }
+
+  template <typename F>
+  void each(int64_t len, F&& f) const {
+    for (int64_t start = 0, j = 0; start < len; start += block_size, ++j) {
+      const T* block = head + table[j] * block_size * DIM;
+      const int64_t n = std::min(block_size, len - start);
+      for (int64_t t = 0; t < n; ++t) f(start + t, block + t * DIM);
+    }
+  }
+};
+
+#if defined(__AVX512F__)
+constexpr int64_t kLanes = 16;  // floats per vector
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) {
@@ -125,30 +156,6 @@ struct Queries<uint16_t, V, true> {
 constexpr bool kBf16Dot = false;
 #endif
 
-// One row's positions under one KV head: blocks of block_size contiguous [dim] rows.
-template <typename T, int64_t DIM>
-struct Paged {
-  const T* head;         // this KV head's [num_blocks, block_size, DIM]
-  const int64_t* table;  // this row's blocks, in order
-  int64_t block_size;
-
-  // f(first position, its row, rows): runs of up to block_size contiguous positions
-  template <typename F>
-  void runs(int64_t len, F&& f) const {
-    for (int64_t start = 0, j = 0; start < len; start += block_size, ++j)
-      f(start, head + table[j] * block_size * DIM, std::min(block_size, len - start));
-  }
-
-  template <typename F>
-  void each(int64_t len, F&& f) const {
-    for (int64_t start = 0, j = 0; start < len; start += block_size, ++j) {
-      const T* block = head + table[j] * block_size * DIM;
-      const int64_t n = std::min(block_size, len - start);
-      for (int64_t t = 0; t < n; ++t) f(start + t, block + t * DIM);
-    }
-  }
-};
-
 template <typename T, int64_t V>  // V: 16-float vectors per head (dim / 16)
 void attend_item(const float* qh, const Paged<T, V * 16>& k, const Paged<T, V * 16>& v,
                  int64_t len, int64_t group, float scale, float* scores, float* o) {
@@ -213,6 +220,157 @@ void attend_item(const float* qh, const Paged<T, V * 16>& k, const Paged<T, V * 
   }
 }
 
+#else  // AVX2 with FMA
+constexpr int64_t kLanes = 8;  // floats per vector
+// The same steps as above on 8-lane vectors, V = dim / 8 of them per head. No VDPBF16PS here:
+// a bfloat16 key is widened to float32 and scored against the query rounded to bfloat16, which
+// is what the AVX-512 paths score too.
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+inline __m256 exp8(__m256 x) {
+  // e^x = 2^n * e^r as exp16, 2^n built in the exponent field: x is clamped at -87 so that n
+  // stays >= -126 (a normal float; e^-87 beside the maximum's e^0 is nothing to a softmax)
+  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+  const __m256 ln2_hi = _mm256_set1_ps(0.693359375f);
+  const __m256 ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, ln2_hi, x);
+  r = _mm256_fnmadd_ps(n, ln2_lo, r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+}
+
+constexpr int64_t CHUNK = 4;  // query heads per pass over one KV head's keys
+
+inline float reduce_add8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+inline float reduce_max8(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+// Lane i of the result: the sum of v[i]'s 8 lanes (two rounds of pairwise sums, then the
+// 128-bit halves added)
+inline __m256 sum8(const __m256* v) {
+  const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// x rounded to the nearest bfloat16 (ties to even), kept in float32
+inline __m256 round_bf16(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i up = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
+  return _mm256_castsi256_ps(_mm256_and_si256(up, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// Lanes below n set (0 <= n <= 8): a masked load's and store's mask
+inline __m256i first_lanes(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+template <typename T, int64_t V>
+struct Queries {
+  __m256 q[CHUNK][V];
+  Queries(const float* qh, int64_t gn) {
+    for (int64_t g = 0; g < gn; ++g)
+      for (int64_t c = 0; c < V; ++c) {
+        const __m256 x = _mm256_loadu_ps(qh + g * V * 8 + c * 8);
+        q[g][c] = std::is_same_v<T, uint16_t> ? round_bf16(x) : x;
+      }
+  }
+  __m256 dot(int64_t g, const T* key) const {
+    __m256 acc = _mm256_mul_ps(q[g][0], load8(key));
+    for (int64_t c = 1; c < V; ++c) acc = _mm256_fmadd_ps(q[g][c], load8(key + c * 8), acc);
+    return acc;
+  }
+};
+
+template <typename T, int64_t V>  // V: 8-float vectors per head (dim / 8)
+void attend_item(const float* qh, const Paged<T, V * 8>& k, const Paged<T, V * 8>& v,
+                 int64_t len, int64_t group, float scale, float* scores, float* o) {
+  constexpr int64_t DIM = V * 8;
+  for (int64_t g0 = 0; g0 < group; g0 += CHUNK) {
+    const int64_t gn = std::min(CHUNK, group - g0);
+    const Queries<T, V> q(qh + g0 * DIM, gn);
+    const __m256 scale8 = _mm256_set1_ps(scale);
+    k.runs(len, [&](int64_t start, const T* rows, int64_t n) {
+      int64_t t = 0;
+      for (; t + 8 <= n; t += 8) {  // 8 positions' scores per head at once
+        for (int64_t g = 0; g < gn; ++g) {
+          __m256 dots[8];
+          for (int64_t u = 0; u < 8; ++u) dots[u] = q.dot(g, rows + (t + u) * DIM);
+          _mm256_storeu_ps(scores + g * len + start + t, _mm256_mul_ps(sum8(dots), scale8));
+        }
+      }
+      for (; t < n; ++t)
+        for (int64_t g = 0; g < gn; ++g)
+          scores[g * len + start + t] = reduce_add8(q.dot(g, rows + t * DIM)) * scale;
+    });
+    for (int64_t g = 0; g < gn; ++g) {
+      float* sg = scores + g * len;
+      __m256 mv = _mm256_set1_ps(-INFINITY);
+      int64_t s = 0;
+      for (; s + 8 <= len; s += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(sg + s));
+      float m = reduce_max8(mv);
+      for (; s < len; ++s) m = sg[s] > m ? sg[s] : m;
+      const __m256 mb = _mm256_set1_ps(m);
+      __m256 tv = _mm256_setzero_ps();
+      for (s = 0; s + 8 <= len; s += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + s), mb));
+        _mm256_storeu_ps(sg + s, e);
+        tv = _mm256_add_ps(tv, e);
+      }
+      if (s < len) {
+        const __m256i tail = first_lanes(len - s);
+        __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(sg + s, tail), mb));
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(tail));
+        _mm256_maskstore_ps(sg + s, tail, e);
+        tv = _mm256_add_ps(tv, e);
+      }
+      const float inv = 1.f / reduce_add8(tv);
+      const __m256 inv8 = _mm256_set1_ps(inv);
+      for (s = 0; s + 8 <= len; s += 8)
+        _mm256_storeu_ps(sg + s, _mm256_mul_ps(_mm256_loadu_ps(sg + s), inv8));
+      for (; s < len; ++s) sg[s] *= inv;
+    }
+    __m256 acc[CHUNK][V];
+    for (int64_t g = 0; g < gn; ++g)
+      for (int64_t c = 0; c < V; ++c) acc[g][c] = _mm256_setzero_ps();
+    v.each(len, [&](int64_t s, const T* value) {
+      __m256 vr[V];
+      for (int64_t c = 0; c < V; ++c) vr[c] = load8(value + c * 8);
+      for (int64_t g = 0; g < gn; ++g) {
+        const __m256 p = _mm256_set1_ps(scores[g * len + s]);
+        for (int64_t c = 0; c < V; ++c) acc[g][c] = _mm256_fmadd_ps(p, vr[c], acc[g][c]);
+      }
+    });
+    for (int64_t g = 0; g < gn; ++g)
+      for (int64_t c = 0; c < V; ++c) _mm256_storeu_ps(o + (g0 + g) * DIM + c * 8, acc[g][c]);
+  }
+}
+#endif
+
 struct Shape {
   int64_t rows, kv_heads, group, num_blocks, block_size, width;
 };
@@ -220,7 +378,7 @@ struct Shape {
 template <typename T, int64_t V>
 void attend(const float* q, const T* keys, const T* values, const int64_t* tables,
             const int64_t* lens, float* out, const Shape& shape, float scale) {
-  constexpr int64_t DIM = V * 16;
+  constexpr int64_t DIM = V * kLanes;
   const int64_t items = shape.rows * shape.kv_heads, group = shape.group;
   const int64_t per_head = shape.num_blocks * shape.block_size * DIM;
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
@@ -253,13 +411,13 @@ void dispatch(const at::Tensor& q, const T* k, const T* v, const at::Tensor& tab
   const int64_t* lp = lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   switch (dim) {
-    case 16: return attend<T, 1>(qp, k, v, tp, lp, op, shape, scale);
-    case 32: return attend<T, 2>(qp, k, v, tp, lp, op, shape, scale);
-    case 48: return attend<T, 3>(qp, k, v, tp, lp, op, shape, scale);
-    case 64: return attend<T, 4>(qp, k, v, tp, lp, op, shape, scale);
-    case 80: return attend<T, 5>(qp, k, v, tp, lp, op, shape, scale);
-    case 96: return attend<T, 6>(qp, k, v, tp, lp, op, shape, scale);
-    case 128: return attend<T, 8>(qp, k, v, tp, lp, op, shape, scale);
+    case 16: return attend<T, 16 / kLanes>(qp, k, v, tp, lp, op, shape, scale);
+    case 32: return attend<T, 32 / kLanes>(qp, k, v, tp, lp, op, shape, scale);
+    case 48: return attend<T, 48 / kLanes>(qp, k, v, tp, lp, op, shape, scale);
+    case 64: return attend<T, 64 / kLanes>(qp, k, v, tp, lp, op, shape, scale);
+    case 80: return attend<T, 80 / kLanes>(qp, k, v, tp, lp, op, shape, scale);
+    case 96: return attend<T, 96 / kLanes>(qp, k, v, tp, lp, op, shape, scale);
+    case 128: return attend<T, 128 / kLanes>(qp, k, v, tp, lp, op, shape, scale);
     default: TORCH_CHECK(false, "head_dim ", dim, " is not one of 16, 32, 48, 64, 80, 96, 128");
   }
 }

@@ -3,12 +3,16 @@
 The kernel reads the pool through each row's block table up to the row's length, so every
 position no row owns is NaN here: a read past a row's end or of a wrong block would show.
 Shapes cover GQA groups past one pass of four heads, head dims 16 to 128, lengths of 1, of a
-16-lane tail and of whole blocks.
+16-lane (and an 8-lane) tail and of whole blocks. The default build is the path this CPU runs
+(AVX-512 or AVX2); on an AVX-512 CPU the AVX2 path and the one without AVX512_BF16 are built
+with ``-mno-avx512f`` / ``-mno-avx512bf16`` and checked against the same oracle, each in a
+process of its own (an op namespace loads once per process).
 """
 
 from __future__ import annotations
 
 import logging
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +21,7 @@ import pytest
 import torch
 
 from kernels import native, reference
-from tests.kernels.native_support import native_kernels
+from tests.kernels.native_support import has_avx512, native_kernels
 
 BLOCK = 16
 
@@ -68,27 +72,29 @@ def check_against_the_oracle(
     torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
 
 
-_WIDENING = """
+_OTHER_PATH = """
 import sys
 from pathlib import Path
 import torch
 from kernels import native
 from tests.kernels.test_native import SHAPES, check_against_the_oracle
 
-path = native.build(Path(sys.argv[1]), ("-mno-avx512bf16",))
+flags = tuple(sys.argv[2:])
+path = native.build(Path(sys.argv[1]), flags)
 torch.ops.load_library(str(path))
-for shape in SHAPES:
-    check_against_the_oracle(native.NativeKernels(path), torch.bfloat16, *shape)
-print("checked", len(SHAPES))
+dtypes = [torch.bfloat16] if flags == ("-mno-avx512bf16",) else [torch.float32, torch.bfloat16]
+for dtype in dtypes:
+    for shape in SHAPES:
+        check_against_the_oracle(native.NativeKernels(path), dtype, *shape)
+print("checked", len(dtypes) * len(SHAPES), native.isa(flags))
 """
 
 
-def test_the_path_without_avx512_bf16_scores_as_the_bf16_products_do(tmp_path) -> None:
-    """Built with ``-mno-avx512bf16`` (a CPU without VDPBF16PS widens bfloat16 keys to
-    float32), in a process of its own (an op namespace loads once), against the same oracle."""
-    native_kernels()  # skips where nothing can be built
+def _check_built_with(flags: tuple[str, ...], build_dir: Path) -> str:
+    """Build with ``flags`` in a process of its own and check it against the oracle there;
+    its last line of output."""
     done = subprocess.run(
-        [sys.executable, "-c", _WIDENING, str(tmp_path)],
+        [sys.executable, "-c", _OTHER_PATH, str(build_dir), *flags],
         capture_output=True,
         text=True,
         timeout=300,
@@ -96,7 +102,25 @@ def test_the_path_without_avx512_bf16_scores_as_the_bf16_products_do(tmp_path) -
         cwd=Path(__file__).resolve().parents[2],
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert f"checked {len(SHAPES)}" in done.stdout
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_the_path_without_avx512_bf16_scores_as_the_bf16_products_do(tmp_path) -> None:
+    """Built with ``-mno-avx512bf16`` (a CPU without VDPBF16PS widens bfloat16 keys to
+    float32), against the same oracle."""
+    native_kernels()  # skips where nothing can be built
+    if not has_avx512():
+        pytest.skip("this CPU has no AVX-512: there is no VDPBF16PS path to leave out")
+    assert _check_built_with(("-mno-avx512bf16",), tmp_path) == f"checked {len(SHAPES)} avx512"
+
+
+def test_the_avx2_path_matches_the_oracle(tmp_path) -> None:
+    """Built with ``-mno-avx512f`` on an AVX-512 CPU: the 8-lane path an AVX2 CPU runs, both
+    dtypes against the same oracle."""
+    native_kernels()  # skips where nothing can be built
+    if not has_avx512():
+        pytest.skip("this CPU has no AVX-512: its default build is the AVX2 path, checked above")
+    assert _check_built_with(("-mno-avx512f",), tmp_path) == f"checked {2 * len(SHAPES)} avx2"
 
 
 def test_a_bfloat16_query_comes_back_in_bfloat16() -> None:
@@ -152,13 +176,38 @@ def test_no_compiler_is_a_warning_and_none(tmp_path, monkeypatch, caplog) -> Non
 
 
 def test_a_failing_compile_names_the_compiler(tmp_path, monkeypatch) -> None:
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip(f"the build stops before the compiler on {platform.machine()}")
+    missing = native.missing_isa(native.cpu_flags())
+    if missing is not None:
+        pytest.skip(f"{missing}: the build stops before the compiler")
     fake = tmp_path / "cxx"
     fake.write_text("#!/bin/sh\necho 'error: no such thing' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("CXX", str(fake))
-    try:
+    with pytest.raises(native.NativeBuildError) as raised:
         native.build(tmp_path / "kernels")
-    except native.NativeBuildError as exc:
-        assert str(fake) in str(exc) and "no such thing" in str(exc)
-    else:
-        pytest.skip("this CPU has no AVX-512: the build stops before the compiler")
+    assert str(fake) in str(raised.value) and "no such thing" in str(raised.value)
+    assert not any((tmp_path / "kernels").glob("*.so")), "no partial build left behind"
+
+
+@pytest.mark.parametrize(
+    ("flags", "missing"),
+    [
+        ("fpu sse2 avx avx2 fma f16c avx512f avx512bw", False),
+        ("fpu sse2 avx avx2 fma f16c", False),
+        ("fpu sse2 avx fma4 avx2", True),  # FMA4 is not FMA
+        ("fpu sse2 avx f16c fma", True),
+        ("", True),
+    ],
+)
+def test_the_build_needs_avx512_or_avx2_with_fma(flags: str, missing: bool) -> None:
+    reason = native.missing_isa(flags)
+    assert (reason is not None) == missing
+    if missing:
+        assert reason == "this CPU has neither AVX-512 nor AVX2 with FMA"
+
+
+def test_the_path_a_build_runs_is_named() -> None:
+    assert native.isa(("-mno-avx512f",)) == "avx2"
+    assert native.isa() == ("avx512" if has_avx512() else "avx2")
