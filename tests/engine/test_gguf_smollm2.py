@@ -96,14 +96,20 @@ def test_tokenizer_equals_transformers(hf):
 
 
 BF16_TIE = 0.125
-"""Logits this close count as a tie in bfloat16: 2 ulps of bfloat16 at the magnitude of
-SmolLM2's top logits (16–32), where the two engines' rounding may order them either way."""
+"""Two tokens whose exact logits are this close are a tie in bfloat16: one ulp of bfloat16 at
+the magnitude of SmolLM2's top logits (16–32), below which the two engines' rounding may order
+them either way. Judged by the float32 model's logits (the same weights with exact-enough
+arithmetic), not by transformers' bfloat16 logits: those carry their own rounding, which
+differs by CPU. On an AVX2-only EPYC transformers' bfloat16 put 504 over 60 by 0.25 as the first
+token of "What is the capital of France?", where float32 and float64 give 0.082 and
+servedeck's bfloat16 an exact tie (2026-12-07)."""
 
 
 def test_bfloat16_greedy_answers_equal_transformers_in_bfloat16_ties_allowed(hf, expected):
     """``--dtype bfloat16`` against transformers in bfloat16 on the same file: each answer
-    equals transformers' up to its end, or up to a token where transformers' own two top logits
-    are a bfloat16 tie (after that the continuations may differ)."""
+    equals transformers' up to its end, or up to a token where the two tokens chosen are a
+    bfloat16 tie by the float32 model's logits after the common prefix (after that the
+    continuations may differ)."""
     import copy
 
     model = copy.deepcopy(hf[0]).to(torch.bfloat16)
@@ -113,7 +119,7 @@ def test_bfloat16_greedy_answers_equal_transformers_in_bfloat16_ties_allowed(hf,
         outputs = engine.generate([ids for ids, _ in expected], params)
     finally:
         engine.close()
-    whole = 0  # answers equal to their end (here: 1 of 3; the others meet an exact tie, gap 0)
+    whole = 0  # answers equal to their end (1 of 3 on AVX-512 and on AVX2; the others meet a tie)
     for (ids, _), out in zip(expected, outputs, strict=True):
         with torch.no_grad():
             ran = model.generate(
@@ -130,8 +136,10 @@ def test_bfloat16_greedy_answers_equal_transformers_in_bfloat16_ties_allowed(hf,
             assert len(got) == len(want)
             whole += 1
             continue
-        logits = ran.logits[first][0].float()
-        gap = (logits[want[first]] - logits[got[first]]).item()
+        with torch.no_grad():
+            logits = hf[0](torch.tensor([ids + want[:first]])).logits[0, -1]
+        gap = abs(logits[want[first]] - logits[got[first]]).item()
         assert gap <= BF16_TIE, (first, want[first], got[first], gap)
     assert whole >= 1, "no answer agreed to its end"
-    assert "Paris" in outputs[0].text
+    # No "Paris" check here: the French answer's first token is itself a tie in bfloat16
+    # (float32's gap 0.082); the float32 test above checks that answer.
