@@ -189,6 +189,7 @@ class LLMEngine:
             seed=child_seed(params.seed, index),
             device=self._device,
             tokenizer=self.front.tokenizer,
+            grammars=self.front.grammars,
         )
 
     def abort(self, request_id: str) -> Future[bool]:

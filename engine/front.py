@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 from engine.admission import check_request, check_text_size, max_prompt_bytes
 from engine.config import EngineConfig, EngineLimits
 from engine.errors import CheckpointError, RequestRejected
+from engine.grammar import GrammarError, Grammars
 from engine.kv_budget import kv_limits
 from engine.model.config import ModelConfig
 from engine.model.formats import checkpoint_files, is_gguf
@@ -90,6 +91,11 @@ class EngineFront:
         """UTF-8 bytes of text past which a prompt cannot fit (computed once, at build)."""
         self.eos_token_ids = frozenset(eos_token_ids)
         self.vocab_size = vocab_size
+        self.grammars = (
+            None if tokenizer is None else Grammars(tokenizer, vocab_size, self.eos_token_ids)
+        )
+        """Structured output's compiled grammars (engine/grammar.py); None without a
+        tokenizer."""
 
     @classmethod
     def from_config(
@@ -124,6 +130,23 @@ class EngineFront:
     def check_request(self, token_ids: list[int], params: SamplingParams) -> None:
         """Raise ``RequestRejected`` (naming the field) for a request that can never be served."""
         check_request(token_ids, params, self.limits, self.config.memory_reserve, self.vocab_size)
+        if params.constraint is not None:
+            self.check_constraint(params)
+
+    def check_constraint(self, params: SamplingParams) -> None:
+        """The request's grammar compiles (a cache hit where the server compiled it first, off
+        its event loop); ``RequestRejected`` naming ``response_format`` where it does not."""
+        constraint = params.constraint
+        if constraint is None:
+            return
+        if self.grammars is None:
+            raise RequestRejected(
+                "this model has no tokenizer: structured output needs one", "response_format"
+            )
+        try:
+            self.grammars.compile(constraint)
+        except GrammarError as exc:
+            raise RequestRejected(f"the grammar cannot be used: {exc}", "response_format") from None
 
     def check_batch(self, batch: Sequence[QueuedPrompt]) -> None:
         """``check_request`` for every prompt: one that can never be served refuses the whole

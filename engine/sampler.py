@@ -17,7 +17,13 @@ Rows that only scale by a temperature are sampled together (``sample_plain``); t
 top-p, a seed of their own) one by one inside ``try``: a row that still fails ends only its own
 request (``StepResult.failed``), never its neighbours.
 
-Log-probabilities (``SamplingParams.logprobs``) are of the raw distribution, a log-softmax of
+Rows with a grammar (``SamplingParams.constraint``, engine/grammar.py) have the tokens it
+refuses set to ``-inf`` first (``mask_logits``: one bitmask for all of them), so greedy,
+temperature, top-k and top-p all choose among the allowed tokens; a row without one costs one
+attribute read. A grammar that cannot go on fails its own row.
+
+Log-probabilities (``SamplingParams.logprobs``) are of the raw distribution (of a constrained
+row: the masked one), a log-softmax of
 the logits before temperature, top-k and top-p, as other OpenAI-compatible servers return by
 default. They are computed only for the rows that ask, in one batched pass after sampling;
 a step where no row asks costs one attribute read per row.
@@ -28,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from engine.batch import FAILED_TOKEN, StepResult
+from engine.grammar_mask import mask_logits
 from engine.outputs import TokenLogprob
 from engine.sequence import Sequence
 
@@ -39,6 +46,10 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> StepResult:
         """``logits`` ``[len(seqs), vocab]`` -> one token id per sequence, plus failed rows."""
         logits = logits.float()
+        refused: dict[int, str] = {}
+        grammars = [(row, g) for row, seq in enumerate(seqs) if (g := seq.grammar) is not None]
+        if grammars:
+            refused = mask_logits(logits, grammars, seqs)
         best, argmax = logits.max(dim=-1)  # a row holding a NaN or +inf has no finite maximum
         if not bool(torch.isfinite(best).all()):
             logits = torch.nan_to_num(
@@ -49,6 +60,8 @@ class Sampler:
             )
             best, argmax = logits.max(dim=-1)
         finite = torch.isfinite(best).tolist()
+        for row in refused:
+            finite[row] = False
         tokens = argmax.tolist()
         failed: dict[str, str] = {}
         want: list[int] = []
@@ -57,7 +70,9 @@ class Sampler:
             params = seq.params
             try:
                 if not finite[row]:
-                    raise ValueError("the model produced no finite logit (all NaN or -inf)")
+                    raise ValueError(
+                        refused.get(row, "the model produced no finite logit (all NaN or -inf)")
+                    )
                 if row in drawn:
                     tokens[row] = drawn[row]
                 elif not params.greedy:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 GREEDY_BELOW_TEMPERATURE = 1e-5
 """A temperature under this samples greedily: dividing logits by less overflows float32."""
@@ -17,6 +19,25 @@ SEED_MAX = (1 << 64) - 1
 """The range ``torch.Generator.manual_seed`` accepts (a negative seed wraps modulo 2**64)."""
 
 
+GrammarSource = Literal["json_object", "json_schema"]
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarConstraint:
+    """The request's output must follow ``grammar``: llguidance's grammar text (as
+    ``engine.grammar.json_schema_grammar`` writes it), from ``source`` (OpenAI's
+    ``response_format`` type). Plain data: it travels with the request (a fleet pickles it to
+    a replica); each engine compiles it (``engine.grammar.Grammars``), cached by ``key``."""
+
+    grammar: str
+    source: GrammarSource = "json_schema"
+    key: str = field(init=False, repr=False, compare=False)
+    """The grammar's SHA-256 (the compiled grammars' cache key)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", hashlib.sha256(self.grammar.encode()).hexdigest())
+
+
 @dataclass(slots=True)
 class SamplingParams:
     """``temperature=0`` (or below ``GREEDY_BELOW_TEMPERATURE``) is greedy; ``seed`` gives the
@@ -28,7 +49,10 @@ class SamplingParams:
     tokens' (0: the chosen token's only), of the model's raw distribution (a log-softmax of the
     logits before temperature, top-k and top-p); None computes nothing. ``prompt_logprobs=N``
     does the same for the prompt's tokens from the second on (the request then takes no prefix
-    cache hits: only positions the engine computes have logits)."""
+    cache hits: only positions the engine computes have logits). ``constraint``: the output
+    follows a grammar (structured output, engine/grammar.py): each step the tokens it refuses
+    are masked before sampling (logprobs are then of the masked distribution), and the
+    sequence finishes with ``stop`` when the grammar ends."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -41,6 +65,7 @@ class SamplingParams:
     n: int = 1
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    constraint: GrammarConstraint | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

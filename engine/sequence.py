@@ -17,6 +17,7 @@ from engine.tenants import DEFAULT_PRIORITY, DEFAULT_TENANT, TenantAccount
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from engine.grammar import Grammars, GrammarState
     from engine.outputs import TokenLogprob
 
 NO_BLOCKS = BlockTable([])
@@ -74,6 +75,9 @@ class Sequence:
     prompt_logprobs: list[TokenLogprob] | None = None
     """Entry ``i`` is prompt token ``i + 1``'s (``SamplingParams.prompt_logprobs``), filled as
     the prompt's chunks are computed; complete once the first output token is sampled."""
+    grammar: GrammarState | None = None
+    """Where the output is in its grammar (``SamplingParams.constraint``; engine/grammar.py):
+    the matcher has consumed the output tokens. None: unconstrained (costs nothing)."""
 
     @classmethod
     def start(
@@ -88,10 +92,12 @@ class Sequence:
         seed: int | None = None,
         device: torch.device | None = None,
         tokenizer: Tokenizer | None = None,
+        grammars: Grammars | None = None,
     ) -> Sequence:
         """A new sequence with what it samples and stops by: a generator seeded by ``seed``
         (on ``device``) when given, a detokenizer (for the stop strings and the text) when
-        there is a ``tokenizer``."""
+        there is a ``tokenizer``, its own grammar state from ``grammars`` when the params
+        carry a constraint."""
         seq = cls(seq_id, token_ids, params, arrival_time, index=index, request_id=request_id)
         if seed is not None:
             seq.generator = torch.Generator(device=device).manual_seed(seed)
@@ -99,6 +105,10 @@ class Sequence:
             seq.detokenizer = IncrementalDetokenizer.for_prompt(
                 tokenizer, len(token_ids), params.stop
             )
+        if params.constraint is not None:
+            if grammars is None:
+                raise ValueError("a constrained request needs the engine's grammars")
+            seq.grammar = grammars.state(params.constraint)
         return seq
 
     def __post_init__(self) -> None:
@@ -166,6 +176,7 @@ class Sequence:
         """Finish if ``token``, just appended, ends the sequence; returns whether it did."""
         params = self.params
         matched = self.detokenizer.update(self.token_ids) if self.detokenizer else None
+        ended = self.grammar is not None and self.grammar.advance(token)
         num_tokens = len(self.token_ids)
         if not params.ignore_eos and token in eos_token_ids:
             self.finish("stop", now)
@@ -173,6 +184,8 @@ class Sequence:
             self.finish("stop", now, stop_reason=token)
         elif matched is not None:
             self.finish("stop", now, stop_reason=matched)
+        elif ended:  # the grammar is complete: nothing but EOS may follow
+            self.finish("stop", now)
         elif (
             num_tokens - len(self.prompt_token_ids) >= params.max_tokens
             or num_tokens >= max_model_len
