@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 from engine.checkpoint import PRESETS, hf_config
 from engine.checkpoint import random_weights as preset_weights
 from engine.config import EngineConfig, EngineLimits
+from engine.cpu import ComputeChoice, cpu_features, warn_if_slow
 from engine.front import checkpoint_tokenizer, eos_token_ids, preset_parts
 from engine.host_memory import retain_freed_memory
 from engine.kv_budget import kv_limits
@@ -85,7 +86,8 @@ def load_bundle(
     config: EngineConfig, random_weights: RandomWeights | None = None, shard: Shard | None = None
 ) -> ModelBundle:
     """Load the checkpoint folder ``config.model``; with ``random_weights``, build that preset
-    instead (``config.model`` is then only a label) in ``config.dtype`` on ``config.device``.
+    instead (``config.model`` is then only a label) in ``config.weights_dtype`` on
+    ``config.device``.
 
     ``tensor_parallel_size`` > 1 and no ``shard`` (rank 0): start the other ranks and load
     rank 0's shard; a size that does not divide the model's heads is refused (``ValueError``
@@ -93,7 +95,9 @@ def load_bundle(
     device = torch.device(config.device)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    dtype = getattr(torch, config.dtype)
+    if shard is None:
+        warn_if_slow(config.dtype_choice)
+    dtype = getattr(torch, config.weights_dtype)
     parallel = None
     if shard is None and config.tensor_parallel_size > 1:
         check_divisible(_model_config(config, random_weights), config.tensor_parallel_size)
@@ -149,7 +153,7 @@ def _random_bundle(
 def build_runner(bundle: ModelBundle, config: EngineConfig) -> tuple[ModelRunner, EngineLimits]:
     """A fresh KV pool and runner around loaded weights, and the limits they give."""
     device = torch.device(config.device)
-    dtype = getattr(torch, config.dtype)
+    dtype = getattr(torch, config.weights_dtype)
     mc = bundle.config
     kv_heads = bundle.model.shard.part(mc.num_key_value_heads)
     limits = kv_limits(config, mc, bundle.model.shard)
@@ -165,13 +169,15 @@ def build_runner(bundle: ModelBundle, config: EngineConfig) -> tuple[ModelRunner
     )
     backend = resolve_backend(config.attention_backend, device)
     use_native = config.native_attention and backend == "torch" and device.type == "cpu"
+    kernels = native.load() if use_native else None
     runner = ModelRunner(
         bundle.model,
         kv_caches,
         config.block_size,
         backend,
         Sampler(torch.Generator(device=device).manual_seed(config.seed)),
-        native=native.load() if use_native else None,
+        native=kernels,
+        compute=_compute_choice(config, backend, use_native, kernels),
     )
     if bundle.parallel is not None:
         bundle.parallel.build_runner(replace(config, num_kv_blocks=num_blocks))
@@ -185,3 +191,22 @@ def build_runner(bundle: ModelBundle, config: EngineConfig) -> tuple[ModelRunner
         / 2**20,
     )
     return runner, limits
+
+
+def _compute_choice(
+    config: EngineConfig, backend: str, use_native: bool, kernels: native.NativeKernels | None
+) -> ComputeChoice:
+    """The dtype and the decode attention in force, each with its reason."""
+    choice = config.dtype_choice
+    if kernels is not None:
+        attention, why = "native", f"servedeck's paged decode kernel ({kernels.library.name})"
+    elif use_native:
+        attention, why = "torch", "the native kernel cannot be built here (the log says why)"
+    elif backend != "torch":
+        attention, why = backend, f"the {backend} backend"
+    elif config.device != "cpu":
+        attention, why = "torch", f"the native kernel is CPU-only (device {config.device})"
+    else:
+        attention, why = "torch", "--no-native-attention"
+    cpu = cpu_features().summary if config.device == "cpu" else config.device
+    return ComputeChoice(cpu, choice.dtype, choice.reason, attention, why)

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, fields
 from functools import cache
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from engine.cpu import DtypeChoice, choose_dtype
+
 BLOCK_SIZES = (16, 32, 64)
 MEMORY_RESERVE_BOUNDS = (0.0, 0.5)
 """The reserve's allowed range; the server's settings and policy store read it from here."""
@@ -18,6 +20,10 @@ CPU_KV_CACHE_BYTES = 1 << 30
 Dtype = Literal["float32", "bfloat16", "float16"]
 """The weights' and the KV cache's dtype, by torch's name."""
 DTYPES: tuple[Dtype, ...] = get_args(Dtype)
+
+
+DtypeSetting = Literal["float32", "bfloat16", "float16", "auto"]
+"""A dtype, or ``auto``: the one that fits this CPU (``engine.cpu.choose_dtype``)."""
 
 
 def as_dtype(name: str) -> Dtype:
@@ -68,7 +74,11 @@ class EngineConfig:
     )
     policy: str = knob("continuous", "batch scheduling policy (a policies.base.PolicyName)")
     device: str = knob("cpu", "torch device: cpu or cuda")
-    dtype: Dtype = knob("float32", "weights and KV dtype")  # noqa: RUF009 - a Literal alias
+    dtype: DtypeSetting = knob(  # noqa: RUF009 - a Literal alias
+        "float32",
+        "weights and KV dtype; auto: bfloat16 where the CPU has bfloat16 arithmetic (AVX-512 "
+        "BF16, AMX), else float32 (bfloat16 on a GPU)",
+    )
     block_size: int = knob(16, "tokens per KV block", choices=BLOCK_SIZES)
     num_kv_blocks: int | None = knob(None, "KV blocks in the pool (default: from memory)", ge=1)
     max_model_len: int | None = knob(
@@ -111,7 +121,17 @@ class EngineConfig:
             raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size}")
         for option in config_options().values():
             option.check(getattr(self, option.name))
-        as_dtype(self.dtype)
+        self.dtype_choice  # noqa: B018 - a dtype that is none of ours fails here, not at load
+
+    @property
+    def dtype_choice(self) -> DtypeChoice:
+        """The dtype in force here and why (``dtype`` keeps what was asked: ``auto`` too)."""
+        return choose_dtype(self.dtype, self.device)
+
+    @property
+    def weights_dtype(self) -> Dtype:
+        """The dtype in force: ``dtype``, with ``auto`` resolved for this CPU."""
+        return self.dtype_choice.dtype
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(
                 f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}"

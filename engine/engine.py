@@ -453,6 +453,7 @@ class LLMEngine:
             tenants=self.tenants.accounts(),
             blocks=self.blocks,
             stats=self.stats,
+            compute=getattr(self.runner, "compute", None),
         )
 
     def _discipline(self, queue: QueueSpec) -> QueueDiscipline:

@@ -77,7 +77,7 @@ def kv_limits(
     """The limits of the pool ``config`` gives ``model`` on this machine (``weights_resident``
     False: the weights are counted from their shapes, not measured). Raises ``ValueError``
     for a ``max_model_len`` beyond the model's positions."""
-    element = DTYPE_BYTES[config.dtype]
+    element = DTYPE_BYTES[config.weights_dtype]
     per_block = kv_block_bytes(
         model.num_hidden_layers,
         config.block_size,

@@ -17,6 +17,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from engine.batch import ScheduledBatch, ScheduledSeq, StepResult
+from engine.cpu import ComputeChoice
 from engine.model.llama import LlamaForCausalLM
 from engine.outputs import TokenLogprob
 from engine.sampler import Sampler, token_logprobs
@@ -93,12 +94,15 @@ class ModelRunner:
         sampler: Sampler,
         pad_token_id: int = 0,
         native: NativeKernels | None = None,
+        compute: ComputeChoice | None = None,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.attention = make_backend(backend, kv_caches, block_size, native)
         """Chosen once, here; owns whatever it keeps between steps (kernels.attention)."""
+        self.compute = compute
+        """The dtype and attention in force and why (``engine.builder``; None: not recorded)."""
         self.sampler = sampler
         self.pad_token_id = pad_token_id
         self.device = kv_caches[0].device

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 from pydantic.dataclasses import dataclass
 
+from engine.cpu import ComputeChoice
 from engine.kv_stats import KVStats, ReclaimResult
 from engine.sequence import Sequence, SequenceStatus
 from engine.stats import EngineStats
@@ -152,6 +153,18 @@ class ReclaimRecord(ReclaimResult):
     time: float
 
 
+class ComputeState(BaseModel):
+    """The dtype and the decode attention in force, each with why (``engine.cpu``)."""
+
+    model_config = FROZEN
+
+    cpu: str = Field(description="The CPU as the kernels see it (the device on a GPU).")
+    dtype: str = Field(description="The weights' and KV's dtype in force.")
+    dtype_reason: str = Field(description="Why: asked for, or auto's choice for this CPU.")
+    attention: str = Field(description="Decode attention: native, torch or triton.")
+    attention_reason: str
+
+
 class EngineSnapshot(BaseModel):
     model_config = FROZEN
 
@@ -174,6 +187,9 @@ class EngineSnapshot(BaseModel):
     latency: Latency
     totals: Totals
     reclaims: tuple[ReclaimRecord, ...] = Field(description="The last sweeps, oldest first.")
+    compute: ComputeState | None = Field(
+        None, description="The dtype and attention in force and why (None: a simulated runner)."
+    )
 
     @classmethod
     def of(
@@ -191,6 +207,7 @@ class EngineSnapshot(BaseModel):
         tenants: Iterable[TenantAccount],
         blocks: BlockManager,
         stats: EngineStats,
+        compute: ComputeChoice | None = None,
     ) -> EngineSnapshot:
         """The picture of an engine at a step boundary: ``sequences`` are the ones it has taken
         in, ``queued`` the ones not taken in yet (they count as waiting), ``scheduler`` the
@@ -225,4 +242,5 @@ class EngineSnapshot(BaseModel):
             reclaims=tuple(
                 ReclaimRecord(**asdict(r), time=t) for t, r in list(stats.reclaims)[-10:]
             ),
+            compute=None if compute is None else ComputeState.model_validate(compute),
         )

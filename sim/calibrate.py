@@ -200,7 +200,7 @@ def calibrate(
     """Time ``grid`` on the model ``config.model`` and return the calibration file's data."""
     bundle = load_bundle(config)
     mc = bundle.config
-    dtype = getattr(torch, config.dtype)
+    dtype = getattr(torch, config.weights_dtype)
     per_block = kv_bytes_per_block(
         mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim, dtype
     )
@@ -226,7 +226,7 @@ def calibrate(
         "model": {"path": str(config.model), **model},
         "machine": {
             "device": config.device,
-            "dtype": config.dtype,
+            "dtype": config.weights_dtype,
             "threads": torch.get_num_threads(),
             "cpu": platform.processor() or platform.machine(),
             "torch": torch.__version__,

@@ -51,6 +51,7 @@ def merged_snapshot(snapshots: Mapping[str, EngineSnapshot]) -> EngineSnapshot:
         uptime_s=max(s.uptime_s for s in snaps),
         requests=tuple(r for s in snaps for r in s.requests),
         queue_order=first.queue_order,
+        compute=first.compute,
         tenants=_tenants([s.tenants for s in snaps]),
         kv=_summed([s.kv for s in snaps]),
         block_map="|".join(s.block_map for s in snaps),

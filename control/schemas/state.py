@@ -13,6 +13,7 @@ from pydantic import (
 from control.models import ReclaimRunBase
 from engine.kv_stats import KVStats
 from engine.snapshot import (
+    ComputeState,
     Latency,
     QueueDepths,
     RequestSnapshot,
@@ -84,4 +85,9 @@ class AdminState(BaseModel):
     text_exposed: bool = Field(
         description="Whether the server keeps requests' prompt and output text "
         "(--expose-text; GET /admin/requests/{id})."
+    )
+    compute: ComputeState | None = Field(
+        None,
+        description="The dtype and the decode attention in force, each with why (--dtype "
+        "auto's choice for this CPU; the native kernel or torch's products).",
     )
