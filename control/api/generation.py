@@ -33,7 +33,7 @@ from control.schemas.errors import ErrorInfo, ErrorResponse
 from control.service.protocol import EngineStream
 from engine.errors import EngineStepError, EngineStopped
 from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import GrammarConstraint, SamplingParams
 
 DISCONNECT_POLL_S = 0.25
 """How often a client waiting for a whole answer is checked for having hung up."""
@@ -130,9 +130,14 @@ def check_request(body: Generating, runtime: Runtime, settings: Settings) -> Non
 
 
 def sampling_params(
-    body: Generating, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None
+    body: Generating,
+    max_tokens: int,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+    constraint: GrammarConstraint | None = None,
 ) -> SamplingParams:
-    """The engine's params: the body's sampling fields, and what the route decided."""
+    """The engine's params: the body's sampling fields, and what the route decided (the
+    compiled ``response_format``: control/api/structured.py)."""
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=body.temperature,
@@ -144,6 +149,7 @@ def sampling_params(
         n=body.n,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
+        constraint=constraint,
     )
 
 

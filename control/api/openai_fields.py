@@ -7,6 +7,8 @@ asks for a behaviour servedeck does not have is refused with a 400 naming the fi
 silently ignored: the client would otherwise get an answer to a question it did not ask. The
 JSON Schema says the same (``maximum``, ``maxItems``, ``maxProperties``, ``enum``), so a
 client or a fuzzer reading ``/openapi.json`` never sends a refused value by accident.
+``response_format`` is served (control/api/structured.py); it sits here with the fields
+OpenAI's two bodies share.
 ``OwnerFields`` are the two that say whose a request is: ``user`` (OpenAI's) and
 ``priority`` (vLLM's).
 """
@@ -26,6 +28,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from control.schemas.response_format import ResponseFormat
 from engine.tenants import DEFAULT_PRIORITY, MAX_PRIORITY, MAX_TENANT_NAME, MIN_PRIORITY
 
 
@@ -101,14 +104,12 @@ class UnsupportedFields(OwnerFields):
         description="Only [] (or null) is accepted: function calls are not supported.",
         json_schema_extra={"maxItems": 0},
     )
-    response_format: dict[str, Any] | None = Field(
+    response_format: ResponseFormat | None = Field(
         None,
-        description='Only {"type": "text"} (or null) is accepted.',
-        json_schema_extra={
-            "properties": {"type": {"enum": ["text"]}},
-            "required": ["type"],
-            "additionalProperties": False,
-        },
+        description='Structured output: {"type": "text"} (the default), {"type": '
+        '"json_object"} or {"type": "json_schema", "json_schema": {"name", "schema", '
+        '"strict"}}; every token is constrained by a grammar, so the answer parses and '
+        "follows the schema (docs/api.md).",
     )
 
     @field_validator("best_of")
@@ -130,11 +131,4 @@ class UnsupportedFields(OwnerFields):
     def _empty(cls, value: Any, info: Any) -> Any:
         if value:
             raise _refuse(info.field_name, "an empty value")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value != {"type": "text"}:
-            raise _refuse("response_format", '{"type": "text"}')
         return value

@@ -279,7 +279,6 @@ def test_bad_messages_name_the_field(client: httpx.Client, messages: list, param
     ("field", "value"),
     [
         ("tools", [{"type": "function", "function": {"name": "f"}}]),
-        ("response_format", {"type": "json_object"}),
         ("presence_penalty", 0.5),
         ("frequency_penalty", -1.0),
         ("logit_bias", {"42": 5}),

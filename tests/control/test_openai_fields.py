@@ -161,7 +161,6 @@ REFUSED = [
     ("logit_bias", {"50": 5}),
     ("tools", [{"type": "function", "function": {"name": "f"}}]),
     ("functions", [{"name": "f"}]),
-    ("response_format", {"type": "json_object"}),
     ("suffix", "after"),
     ("n", 17),
     ("logprobs", 21),

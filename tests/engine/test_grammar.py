@@ -159,7 +159,7 @@ def test_a_state_out_of_step_with_its_output_is_refed(llm: LLM) -> None:
     state = grammars.state(constraint)
     tokenizer = llm.engine.front.tokenizer
     assert tokenizer is not None
-    prefix = tokenizer.encode('{"name":"ab', add_special_tokens=False).ids
+    prefix = tokenizer.encode('{"name": "ab', add_special_tokens=False).ids
 
     class Row:
         grammar = state

@@ -22,6 +22,7 @@ from control.api.errors import RETRY_AFTER_S, ApiError, rejection_code
 from control.api.generation import Answers, check_request, sampling_params
 from control.api.limits import CostFields, RequestCost, check_request_cost
 from control.api.prompt_streams import PromptStream
+from control.api.structured import constraint_of
 from control.chat.render import ChatRenderer, RendererBusy
 from control.chat.schemas import ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse
 from control.chat.template import ChatTemplateError
@@ -30,7 +31,7 @@ from control.requests_text import watched
 from engine.admission import check_text_size
 from engine.errors import RequestRejected
 from engine.front import EngineFront, QueuedPrompt
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import GrammarConstraint, SamplingParams
 
 router = APIRouter(tags=["public"], dependencies=[ApiKeyDep])
 ANSWERS = Answers(ChatCompletionResponse, ChatCompletionChunk, "chat completion")
@@ -57,10 +58,11 @@ async def create_chat_completion(
         )
     conversation = body.conversation()
     front = runtime.service.front
+    constraint = await constraint_of(body.response_format, front)
     text = await _render(runtime.renderer, front, conversation, body.add_generation_prompt)
     token_ids = await run_in_threadpool(_prompt_token_ids, front, text)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    params = engine_params(body, front.limits.max_model_len - len(token_ids))
+    params = engine_params(body, front.limits.max_model_len - len(token_ids), constraint)
     settings = ctx.settings
     check_request_cost(
         RequestCost.of([len(token_ids)], params.n, params.max_tokens, params.logprobs),
@@ -141,8 +143,10 @@ def _template_error(message: str) -> ApiError:
     return ApiError(400, message, param="messages", code="chat_template_error", reason="invalid")
 
 
-def engine_params(body: ChatCompletionRequest, room: int) -> SamplingParams:
+def engine_params(
+    body: ChatCompletionRequest, room: int, constraint: GrammarConstraint | None = None
+) -> SamplingParams:
     """Without an output limit, the answer may take the ``room`` the context has left after
-    the prompt."""
+    the prompt. ``constraint``: the compiled ``response_format`` (control/api/structured.py)."""
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    return sampling_params(body, body.output_limit or max(room, 1), logprobs)
+    return sampling_params(body, body.output_limit or max(room, 1), logprobs, None, constraint)

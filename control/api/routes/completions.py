@@ -29,6 +29,7 @@ from control.api.limits import (
 )
 from control.api.logprobs import TokenTexts, completion_logprobs
 from control.api.prompt_streams import PromptStream
+from control.api.structured import constraint_of
 from control.core.api_keys import tenant_of
 from control.requests_text import watched
 from control.schemas.completions import (
@@ -39,7 +40,7 @@ from control.schemas.completions import (
 )
 from engine.front import Prompt, QueuedPrompt
 from engine.outputs import RequestOutput, TokenLogprob
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import GrammarConstraint, SamplingParams
 
 router = APIRouter(tags=["public"], dependencies=[ApiKeyDep])
 ANSWERS = Answers(CompletionResponse, CompletionResponse, "completion")
@@ -67,8 +68,9 @@ async def create_completion(
         settings.max_logprob_entries,
         front.limits.max_model_len,
     )
+    constraint = await constraint_of(body.response_format, front)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    params = engine_params(body)
+    params = engine_params(body, constraint)
     ids = prompt_request_ids(request_id, len(prompts))
     tenant = tenant_of(key, body.user)
     batch = [
@@ -102,9 +104,11 @@ def prompt_text(prompt: Prompt, tokenizer: Tokenizer | None) -> str:
     return tokenizer.decode(prompt, skip_special_tokens=False)
 
 
-def engine_params(body: CompletionRequest) -> SamplingParams:
+def engine_params(
+    body: CompletionRequest, constraint: GrammarConstraint | None = None
+) -> SamplingParams:
     return sampling_params(
-        body, body.max_tokens, body.logprobs, body.logprobs if body.echo else None
+        body, body.max_tokens, body.logprobs, body.logprobs if body.echo else None, constraint
     )
 
 

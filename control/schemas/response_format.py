@@ -1,0 +1,60 @@
+"""``response_format``, as OpenAI defines it for ``/v1/chat/completions`` (and servedeck, as
+vLLM does, for ``/v1/completions`` too): ``{"type": "text"}`` (the default: nothing
+constrained), ``{"type": "json_object"}`` (any JSON object) or ``{"type": "json_schema",
+"json_schema": {"name", "description", "schema", "strict"}}`` (JSON valid against the schema).
+
+One model with an optional ``json_schema`` rather than a union on ``type``, so a refusal names
+the field as the request spells it (``response_format.json_schema.name``, never pydantic's
+union tag in between); the route says ``json_schema`` is required with its type
+(control/api/structured.py), where the schema is also bounded and compiled.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+
+SCHEMA_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+"""OpenAI's rule for ``json_schema.name``."""
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    name: StrictStr = Field(
+        pattern=SCHEMA_NAME_PATTERN,
+        description="The format's name: letters, digits, _ and -, at most 64.",
+    )
+    description: StrictStr | None = Field(None, description="Not shown to the model.")
+    schema_: dict[str, Any] | None = Field(
+        None,
+        alias="schema",
+        description="A JSON Schema object. Absent: any JSON value. Keywords the grammar "
+        "cannot enforce (uniqueItems, contains, not, if/then/else, dependentRequired, ...) "
+        "are refused by name; bounded in size and nesting (server limits).",
+    )
+    strict: StrictBool | None = Field(
+        None,
+        description="Accepted either way: the output always follows the schema (a grammar "
+        "constrains every token).",
+    )
+
+
+JSON_SCHEMA_NEEDS_ITS_SCHEMA = {
+    "if": {"properties": {"type": {"const": "json_schema"}}, "required": ["type"]},
+    "then": {"properties": {"json_schema": {"type": "object"}}, "required": ["json_schema"]},
+}
+"""The rule across two fields, in JSON Schema (the route refuses the rest with 400)."""
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(json_schema_extra=JSON_SCHEMA_NEEDS_ITS_SCHEMA)
+
+    type: Literal["text", "json_object", "json_schema"] = Field(
+        description="text: unconstrained; json_object: any JSON object; json_schema: JSON "
+        "valid against json_schema.schema."
+    )
+    json_schema: JsonSchemaFormat | None = Field(
+        None, description="Required with type json_schema (and read only then)."
+    )
