@@ -26,12 +26,14 @@ from tests.kernels.native_support import has_avx512, native_kernels
 BLOCK = 16
 
 
-def _pool(gen, kv_heads, num_blocks, dim, dtype):
-    """A head-major pool ``[kv_heads, num_blocks, BLOCK, dim]`` of NaN: what a row does not
+def _pool(gen, kv_heads, num_blocks, dim, dtype, block=BLOCK):
+    """A head-major pool ``[kv_heads, num_blocks, block, dim]`` of NaN: what a row does not
     own must never be read."""
-    return torch.full((kv_heads, num_blocks, BLOCK, dim), float("nan")).to(dtype)
+    return torch.full((kv_heads, num_blocks, block, dim), float("nan")).to(dtype)
 
 
+BLOCKS = [1, 8, 12, 32]
+"""Block sizes besides BLOCK: shorter than a vector's positions, not a multiple, longer."""
 SHAPES = [(4, 4, 16), (9, 3, 64), (14, 2, 64), (8, 2, 128), (6, 3, 32), (4, 1, 48), (10, 2, 80)]
 
 
@@ -41,25 +43,36 @@ def test_matches_the_oracle(dtype: torch.dtype, heads: int, kv_heads: int, dim: 
     check_against_the_oracle(native_kernels(), dtype, heads, kv_heads, dim)
 
 
+@pytest.mark.parametrize("block", BLOCKS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_other_block_sizes_match_the_oracle(dtype: torch.dtype, block: int) -> None:
+    check_against_the_oracle(native_kernels(), dtype, 9, 3, 64, block)
+
+
 def check_against_the_oracle(
-    kernels: native.NativeKernels, dtype: torch.dtype, heads: int, kv_heads: int, dim: int
+    kernels: native.NativeKernels,
+    dtype: torch.dtype,
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    block: int = BLOCK,
 ) -> None:
     """Rows of 1, 16, 17, 31, 48, 66 and 67 tokens on shuffled blocks; padded tables."""
     gen = torch.Generator().manual_seed(heads * dim)
     lens = [1, 16, 17, 31, 48, 66, 67]
-    widths = [-(-n // BLOCK) for n in lens]
+    widths = [-(-n // block) for n in lens]
     num_blocks = sum(widths) + 3
     order = torch.randperm(num_blocks, generator=gen).tolist()
-    k_pool = _pool(gen, kv_heads, num_blocks, dim, dtype)
-    v_pool = _pool(gen, kv_heads, num_blocks, dim, dtype)
+    k_pool = _pool(gen, kv_heads, num_blocks, dim, dtype, block)
+    v_pool = _pool(gen, kv_heads, num_blocks, dim, dtype, block)
     tables = torch.zeros(len(lens), max(widths), dtype=torch.int64)
     for row, n in enumerate(lens):
         blocks = [order.pop() for _ in range(widths[row])]
         tables[row, : len(blocks)] = torch.tensor(blocks)
         for position in range(n):
-            block, offset = blocks[position // BLOCK], position % BLOCK
+            index, offset = blocks[position // block], position % block
             for pool in (k_pool, v_pool):
-                pool[:, block, offset] = torch.randn(kv_heads, dim, generator=gen).to(dtype)
+                pool[:, index, offset] = torch.randn(kv_heads, dim, generator=gen).to(dtype)
     seq_lens = torch.tensor(lens)
     query = torch.randn(len(lens), heads, dim, generator=gen) * 3
     scale = dim**-0.5
@@ -77,16 +90,21 @@ import sys
 from pathlib import Path
 import torch
 from kernels import native
-from tests.kernels.test_native import SHAPES, check_against_the_oracle
+from tests.kernels.test_native import BLOCKS, SHAPES, check_against_the_oracle
 
 flags = tuple(sys.argv[2:])
 path = native.build(Path(sys.argv[1]), flags)
 torch.ops.load_library(str(path))
 dtypes = [torch.bfloat16] if flags == ("-mno-avx512bf16",) else [torch.float32, torch.bfloat16]
+checked = 0
 for dtype in dtypes:
     for shape in SHAPES:
         check_against_the_oracle(native.NativeKernels(path), dtype, *shape)
-print("checked", len(dtypes) * len(SHAPES), native.isa(flags))
+        checked += 1
+    for block in BLOCKS:
+        check_against_the_oracle(native.NativeKernels(path), dtype, 9, 3, 64, block)
+        checked += 1
+print("checked", checked, native.isa(flags))
 """
 
 
@@ -111,7 +129,8 @@ def test_the_path_without_avx512_bf16_scores_as_the_bf16_products_do(tmp_path) -
     native_kernels()  # skips where nothing can be built
     if not has_avx512():
         pytest.skip("this CPU has no AVX-512: there is no VDPBF16PS path to leave out")
-    assert _check_built_with(("-mno-avx512bf16",), tmp_path) == f"checked {len(SHAPES)} avx512"
+    checked = _check_built_with(("-mno-avx512bf16",), tmp_path)
+    assert checked == f"checked {len(SHAPES) + len(BLOCKS)} avx512"
 
 
 def test_the_avx2_path_matches_the_oracle(tmp_path) -> None:
@@ -120,7 +139,8 @@ def test_the_avx2_path_matches_the_oracle(tmp_path) -> None:
     native_kernels()  # skips where nothing can be built
     if not has_avx512():
         pytest.skip("this CPU has no AVX-512: its default build is the AVX2 path, checked above")
-    assert _check_built_with(("-mno-avx512f",), tmp_path) == f"checked {2 * len(SHAPES)} avx2"
+    checked = _check_built_with(("-mno-avx512f",), tmp_path)
+    assert checked == f"checked {2 * (len(SHAPES) + len(BLOCKS))} avx2"
 
 
 def test_a_bfloat16_query_comes_back_in_bfloat16() -> None:
