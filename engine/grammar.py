@@ -132,6 +132,11 @@ class Grammars:
             matcher = template.deep_copy()
         return GrammarState(matcher, self)
 
+    @property
+    def vocab_size(self) -> int:
+        """The masks' width: the model's vocabulary (the tokenizer's, where not given)."""
+        return self.lltokenizer.vocab_size
+
     def is_compiled(self, constraint: GrammarConstraint) -> bool:
         """Whether ``constraint`` is compiled already (``compile`` is then a lookup)."""
         with self._lock:

@@ -18,6 +18,7 @@ import torch
 
 from engine.batch import ScheduledBatch, ScheduledSeq, StepResult
 from engine.cpu import ComputeChoice
+from engine.grammar_mask import MaskWorker
 from engine.model.llama import LlamaForCausalLM
 from engine.outputs import TokenLogprob
 from engine.sampler import Sampler, token_logprobs
@@ -109,6 +110,8 @@ class ModelRunner:
         self.last_forward_s = 0.0
         self.broadcast: BroadcastHook | None = None
         """Set on rank 0 of a tensor-parallel engine; None (one rank) costs one test a step."""
+        self.masks = MaskWorker()
+        """Structured output's masks, computed beside the forward (engine/grammar_mask.py)."""
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> StepResult:
@@ -116,12 +119,21 @@ class ModelRunner:
             self.attention.copy_blocks(batch.block_copies)
         step = self._prepare(batch)
         started = time.perf_counter()
-        hidden = self.model(step.input_ids, step.positions, self.attention, step.meta)
+        masks = self.masks.start(step.sample_seqs) if step.sample_rows else None
+        try:
+            hidden = self.model(step.input_ids, step.positions, self.attention, step.meta)
+        except BaseException:
+            if masks is not None:
+                masks.wait()  # the matchers are the engine's again only once it is done
+            raise
         result = StepResult([])
         if step.sample_rows:
             rows = torch.tensor(step.sample_rows, device=self.device)
             logits = self.model.compute_logits(hidden.index_select(0, rows))
-            result = self.sampler(logits, step.sample_seqs)
+            if masks is None:
+                result = self.sampler(logits, step.sample_seqs)
+            else:
+                result = self.sampler(logits, step.sample_seqs, masks)
         if step.prompt_rows:
             result = replace(
                 result, prompt_logprobs=self._prompt_logprobs(hidden, step.prompt_rows)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from engine.batch import FAILED_TOKEN, StepResult
-from engine.grammar_mask import mask_logits
+from engine.grammar_mask import PendingMasks, grammar_rows, mask_logits
 from engine.outputs import TokenLogprob
 from engine.sequence import Sequence
 
@@ -43,12 +43,17 @@ class Sampler:
     def __init__(self, generator: torch.Generator) -> None:
         self.generator = generator
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> StepResult:
-        """``logits`` ``[len(seqs), vocab]`` -> one token id per sequence, plus failed rows."""
+    def __call__(
+        self, logits: torch.Tensor, seqs: list[Sequence], masks: PendingMasks | None = None
+    ) -> StepResult:
+        """``logits`` ``[len(seqs), vocab]`` -> one token id per sequence, plus failed rows.
+        ``masks``: the constrained rows' masks the runner started beside the forward (None:
+        computed here, if any row is constrained)."""
         logits = logits.float()
         refused: dict[int, str] = {}
-        grammars = [(row, g) for row, seq in enumerate(seqs) if (g := seq.grammar) is not None]
-        if grammars:
+        if masks is not None:
+            refused = masks.apply(logits)
+        elif grammars := grammar_rows(seqs):
             refused = mask_logits(logits, grammars, seqs)
         best, argmax = logits.max(dim=-1)  # a row holding a NaN or +inf has no finite maximum
         if not bool(torch.isfinite(best).all()):

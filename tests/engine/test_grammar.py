@@ -7,13 +7,16 @@ follow their own matcher; a preempted, recomputed row goes on where its grammar 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import numpy as np
 import pytest
 import torch
 
+from engine import grammar_mask
 from engine.errors import RequestRejected
 from engine.grammar import GrammarError, json_object_grammar, json_schema_grammar
 from engine.grammar_mask import mask_logits, unpack_bitmask
@@ -145,10 +148,42 @@ def test_rows_without_a_grammar_never_reach_the_mask(
     llm: LLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def fail(*args: object) -> None:
-        raise AssertionError("mask_logits called for an unconstrained batch")
+        raise AssertionError("a mask computed for an unconstrained batch")
 
-    monkeypatch.setattr("engine.sampler.mask_logits", fail)
+    monkeypatch.setattr("engine.grammar_mask.compute_masks", fail)
     llm.generate([PROMPT, PROMPT[2:]], SamplingParams(max_tokens=4, temperature=0.0))
+
+
+def test_the_masks_are_computed_beside_the_forward(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forward waits for the step's masks to be computed: it would wait forever (here: 10
+    s, then fail) were they computed after it."""
+    computed = threading.Event()
+    compute = grammar_mask.compute_masks
+
+    def compute_and_tell(*args: Any) -> Any:
+        masks = compute(*args)
+        computed.set()
+        return masks
+
+    runner = llm.engine.runner
+    model = runner.model  # type: ignore[attr-defined]
+
+    class WaitingModel:
+        def __call__(self, *args: Any) -> Any:
+            assert computed.wait(10), "no mask computed while the forward ran"
+            computed.clear()
+            return model(*args)
+
+        def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+            return model.compute_logits(hidden)
+
+    monkeypatch.setattr(grammar_mask, "compute_masks", compute_and_tell)
+    monkeypatch.setattr(runner, "model", WaitingModel())
+    params = SamplingParams(max_tokens=80, temperature=0.0, constraint=json_object_grammar())
+    output = llm.generate([PROMPT], params)[0]
+    assert output.text.startswith("{")
 
 
 def test_a_state_out_of_step_with_its_output_is_refed(llm: LLM) -> None:
