@@ -9,7 +9,9 @@ float32 otherwise; an explicit ``bfloat16`` without it runs, with one warning at
 
 torch's own dispatch decides which kernels run, so the answer follows it:
 ``ATEN_CPU_CAPABILITY=avx2`` (torch) or ``ONEDNN_MAX_CPU_ISA=AVX2`` (oneDNN) make an AVX-512
-machine answer as an AVX2 one does, which is how tests reproduce the AVX2 choice.
+machine answer as an AVX2 one does, which is how tests reproduce the AVX2 choice. The level is
+read as torch reads it (the CPU's flags, lowered by ``ATEN_CPU_CAPABILITY``) without importing
+torch: ``EngineConfig`` and the engine's front import none (tests/engine/test_front.py).
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Literal
-
-import torch
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,23 @@ def cpu_features() -> CpuFeatures:
         fields.setdefault(key.strip(), value.strip())  # the first processor's
     model = fields.get("model name") or platform.processor() or platform.machine()
     flags = fields.get("flags", "")
-    capability = torch.backends.cpu.get_cpu_capability()
-    return CpuFeatures(model=model, capability=capability, flags=frozenset(flags.split()))
+    present = frozenset(flags.split())
+    return CpuFeatures(model=model, capability=torch_capability(present), flags=present)
+
+
+_LEVELS = ("DEFAULT", "AVX2", "AVX512")
+_AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
+
+
+def torch_capability(flags: frozenset[str]) -> str:
+    """The level torch's CPU dispatch runs at (``torch.backends.cpu.get_cpu_capability()``)
+    for a CPU with ``flags``: the highest the CPU supports, lowered (never raised) by
+    ``ATEN_CPU_CAPABILITY``."""
+    level = "AVX512" if flags >= _AVX512 else "AVX2" if flags >= {"avx2", "fma"} else "DEFAULT"
+    asked = os.environ.get("ATEN_CPU_CAPABILITY", "").upper()
+    if asked in _LEVELS and _LEVELS.index(asked) < _LEVELS.index(level):
+        return asked
+    return level
 
 
 DtypeName = Literal["float32", "bfloat16", "float16"]

@@ -63,13 +63,21 @@ def test_config_keeps_auto_and_resolves_it_for_this_cpu() -> None:
         EngineConfig(model="m", dtype="int8")  # type: ignore[arg-type]  # refused at the edge
 
 
-def test_auto_on_a_torch_held_to_avx2_is_float32() -> None:
+@pytest.mark.parametrize("held", [None, "avx2", "default"])
+def test_the_level_is_torchs_own_and_auto_on_a_torch_held_to_avx2_is_float32(held) -> None:
     code = (
-        "from engine.config import EngineConfig; "
-        "print(EngineConfig(model='m', dtype='auto').weights_dtype)"
+        "import torch; from engine.config import EngineConfig; "
+        "from engine.cpu import cpu_features; "
+        "print(EngineConfig(model='m', dtype='auto').weights_dtype, "
+        "cpu_features().capability, torch.backends.cpu.get_cpu_capability())"
     )
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    if held is not None:
+        env["ATEN_CPU_CAPABILITY"] = held
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     )
-    assert done.stdout.strip() == "float32"
+    dtype, ours, torchs = done.stdout.split()
+    assert ours == torchs
+    if held is not None:
+        assert dtype == "float32"
