@@ -49,6 +49,14 @@ DOCUMENTED_REFUSALS = {
     "request_too_large": "a request's whole cost past max_request_tokens (n × (prompt + "
     "max_tokens)) or max_logprob_entries (n × (echoed prompt + max_tokens) × (logprobs + 1)): it "
     "depends on the tokenized prompt",
+    "invalid_json_schema": "response_format.json_schema.schema or structured_outputs.json that "
+    "does not compile to a grammar (a keyword llguidance cannot enforce, unsatisfiable bounds, a "
+    "$ref to nowhere, its parser limits): the grammar library's judgement, which no JSON Schema "
+    "of the field can state",
+    "invalid_grammar": "structured_outputs.regex outside Rust's regex syntax (lookaround, "
+    "backreferences) or past the parser limits: the grammar library's judgement",
+    "conflicting_constraints": "response_format (json_object, json_schema) and a non-empty "
+    "structured_outputs in one request: not stated in the bodies' schemas yet",
     "schedule_window": "POST /admin/schedules: a 422 naming only cron, cron_seconds, timezone "
     "or until, as value errors: the schema says they are strings; a crontab field's validity "
     "(ordered ranges, per-field bounds, names) is APScheduler's, a zone's is the server's "

@@ -7,8 +7,9 @@ Schema compiler that refuses the keywords it does not enforce by name (``Unimple
 
 The public API is small:
 
-- ``json_schema_grammar(schema)`` / ``json_object_grammar()``: a ``GrammarConstraint`` (the
-  grammar text, engine/sampling_params.py) for ``SamplingParams.constraint``;
+- ``json_schema_grammar(schema)`` / ``json_object_grammar()`` / ``regex_grammar(regex)`` /
+  ``choice_grammar(choices)``: a ``GrammarConstraint`` (the grammar text,
+  engine/sampling_params.py) for ``SamplingParams.constraint``;
 - ``Grammars`` (one per ``EngineFront``: the tokenizer as llguidance sees it, built once on
   first use, and the compiled grammars, a bounded LRU by the grammar's hash): ``compile``
   refuses a grammar with ``GrammarError``; ``state`` gives a sequence its own matcher;
@@ -92,6 +93,18 @@ def json_object_grammar() -> GrammarConstraint:
         llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', overrides=COMPACT_JSON),
         "json_object",
     )
+
+
+def regex_grammar(regex: str) -> GrammarConstraint:
+    """The whole output matches ``regex`` (Rust's regex syntax: no lookaround, no
+    backreferences); whether it compiles is ``Grammars.compile``'s to say."""
+    return GrammarConstraint(llguidance.LLMatcher.grammar_from_regex(regex), "regex")
+
+
+def choice_grammar(choices: Sequence[str]) -> GrammarConstraint:
+    """The output is one of ``choices`` exactly (non-empty strings)."""
+    lark = "start: " + " | ".join(json.dumps(choice) for choice in choices)
+    return GrammarConstraint(llguidance.LLMatcher.grammar_from_lark(lark), "choice")
 
 
 class Grammars:

@@ -28,7 +28,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from control.schemas.response_format import ResponseFormat
+from control.schemas.response_format import ResponseFormat, StructuredOutputs
 from engine.tenants import DEFAULT_PRIORITY, MAX_PRIORITY, MAX_TENANT_NAME, MIN_PRIORITY
 
 
@@ -110,6 +110,11 @@ class UnsupportedFields(OwnerFields):
         '"json_object"} or {"type": "json_schema", "json_schema": {"name", "schema", '
         '"strict"}}; every token is constrained by a grammar, so the answer parses and '
         "follows the schema (docs/api.md).",
+    )
+    structured_outputs: StructuredOutputs | None = Field(
+        None,
+        description="vLLM's extension: one of json (a JSON Schema), regex (the whole answer "
+        "matches it) or choice (the answer is one of the strings); not with response_format.",
     )
 
     @field_validator("best_of")

@@ -1,5 +1,5 @@
-"""``response_format`` -> the engine's grammar constraint (engine/grammar.py), for both
-generation routes.
+"""``response_format`` (or vLLM's ``structured_outputs``) -> the engine's grammar constraint
+(engine/grammar.py), for both generation routes.
 
 A schema is bounded before anything compiles it (``MAX_SCHEMA_BYTES`` of JSON,
 ``MAX_SCHEMA_DEPTH`` levels of nesting), then compiled once on a worker thread, off the event
@@ -19,9 +19,15 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from control.api.errors import ApiError
-from control.schemas.response_format import ResponseFormat
+from control.schemas.response_format import ResponseFormat, StructuredOutputs
 from engine.front import EngineFront
-from engine.grammar import GrammarError, json_object_grammar, json_schema_grammar
+from engine.grammar import (
+    GrammarError,
+    choice_grammar,
+    json_object_grammar,
+    json_schema_grammar,
+    regex_grammar,
+)
 from engine.sampling_params import GrammarConstraint
 
 MAX_SCHEMA_BYTES = 32 * 1024
@@ -31,67 +37,109 @@ MAX_SCHEMA_DEPTH = 32
 SCHEMA_FIELD = "response_format.json_schema.schema"
 INVALID_SCHEMA = "invalid_json_schema"
 """``error.code`` of a schema refused (bounds, or what the grammar library refuses)."""
+INVALID_GRAMMAR = "invalid_grammar"
+"""``error.code`` of a ``structured_outputs`` regex or choice list the library refuses."""
+CONFLICTING = "conflicting_constraints"
+"""``error.code`` of a request with both ``response_format`` and ``structured_outputs``."""
 
 
 async def constraint_of(
-    response_format: ResponseFormat | None, front: EngineFront
+    response_format: ResponseFormat | None,
+    structured_outputs: StructuredOutputs | None,
+    front: EngineFront,
 ) -> GrammarConstraint | None:
-    """The request's constraint (None for none or ``text``), compiled; ``ApiError`` 400
-    naming the field where it cannot be."""
-    if response_format is None or response_format.type == "text":
+    """The request's constraint (None for none, ``text`` or an empty ``structured_outputs``),
+    compiled; ``ApiError`` 400 naming the field where it cannot be."""
+    formatted = response_format is not None and response_format.type != "text"
+    structured = structured_outputs is not None and any(
+        value is not None
+        for value in (structured_outputs.json_, structured_outputs.regex, structured_outputs.choice)
+    )
+    if not (formatted or structured):
         return None
+    if formatted and structured:
+        raise _refusal(
+            "structured_outputs and response_format both constrain the answer: give one",
+            "structured_outputs",
+            CONFLICTING,
+        )
+    field = "response_format" if formatted else "structured_outputs"
     grammars = front.grammars
     if grammars is None:
         raise _refusal(
-            "response_format needs the model's tokenizer, and this model has none",
-            "response_format",
+            f"{field} needs the model's tokenizer, and this model has none",
+            field,
             "unsupported_value",
         )
-    if response_format.type == "json_object":
-        constraint, field = json_object_grammar(), "response_format"
+    if structured_outputs is not None and structured:
+        constraint, field, code = _structured(structured_outputs)
     else:
-        spec = response_format.json_schema
-        if spec is None:
-            raise _refusal(
-                "response_format.json_schema is required with type json_schema",
-                "response_format.json_schema",
-                "invalid_value",
-            )
-        schema = {} if spec.schema_ is None else spec.schema_
-        check_schema(schema)
-        try:
-            constraint = json_schema_grammar(schema)
-        except GrammarError as exc:
-            raise _refusal(f"{SCHEMA_FIELD}: {exc}", SCHEMA_FIELD, INVALID_SCHEMA) from None
-        field = SCHEMA_FIELD
+        assert response_format is not None
+        constraint, field = _formatted(response_format)
+        code = INVALID_SCHEMA
     if not grammars.is_compiled(constraint):
         try:
             await run_in_threadpool(grammars.compile, constraint)
         except GrammarError as exc:
-            raise _refusal(f"{field}: {exc}", field, INVALID_SCHEMA) from None
+            raise _refusal(f"{field}: {exc}", field, code) from None
     return constraint
 
 
-def check_schema(schema: dict[str, Any]) -> None:
+def _structured(spec: StructuredOutputs) -> tuple[GrammarConstraint, str, str]:
+    """vLLM's ``structured_outputs``: the constraint, its field and the code of its refusal."""
+    if spec.json_ is not None:
+        field = "structured_outputs.json"
+        check_schema(spec.json_, field)
+        return _schema_grammar(spec.json_, field), field, INVALID_SCHEMA
+    if spec.regex is not None:
+        return regex_grammar(spec.regex), "structured_outputs.regex", INVALID_GRAMMAR
+    assert spec.choice is not None
+    return choice_grammar(spec.choice), "structured_outputs.choice", INVALID_GRAMMAR
+
+
+def _schema_grammar(schema: dict[str, Any], field: str) -> GrammarConstraint:
+    try:
+        return json_schema_grammar(schema)
+    except GrammarError as exc:
+        raise _refusal(f"{field}: {exc}", field, INVALID_SCHEMA) from None
+
+
+def _formatted(response_format: ResponseFormat) -> tuple[GrammarConstraint, str]:
+    """OpenAI's ``response_format`` (json_object or json_schema): the constraint, its field."""
+    if response_format.type == "json_object":
+        return json_object_grammar(), "response_format"
+    spec = response_format.json_schema
+    if spec is None:
+        raise _refusal(
+            "response_format.json_schema is required with type json_schema",
+            "response_format.json_schema",
+            "invalid_value",
+        )
+    schema = {} if spec.schema_ is None else spec.schema_
+    check_schema(schema, SCHEMA_FIELD)
+    return _schema_grammar(schema, SCHEMA_FIELD), SCHEMA_FIELD
+
+
+def check_schema(schema: dict[str, Any], field: str) -> None:
     """A schema within ``MAX_SCHEMA_BYTES`` and ``MAX_SCHEMA_DEPTH``, with no ``x-guidance``
     (llguidance's own options, which would override the server's: whitespace, leniency)."""
     size = len(json.dumps(schema).encode())
     if size > MAX_SCHEMA_BYTES:
         raise _refusal(
-            f"{SCHEMA_FIELD} is {size} bytes of JSON; at most {MAX_SCHEMA_BYTES} are allowed",
-            SCHEMA_FIELD,
+            f"{field} is {size} bytes of JSON; at most {MAX_SCHEMA_BYTES} are allowed",
+            field,
             INVALID_SCHEMA,
         )
     if (depth := nesting(schema)) > MAX_SCHEMA_DEPTH:
         raise _refusal(
-            f"{SCHEMA_FIELD} nests {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are allowed",
-            SCHEMA_FIELD,
+            f"{field} nests {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are allowed",
+            field,
             INVALID_SCHEMA,
         )
     if "x-guidance" in schema:
         raise _refusal(
-            f"{SCHEMA_FIELD}.x-guidance is not supported (the server sets the grammar's options)",
-            f"{SCHEMA_FIELD}.x-guidance",
+            f"{field}.x-guidance is not supported (the server sets the grammar's options)",
+            f"{field}.x-guidance",
             "unsupported_value",
         )
 

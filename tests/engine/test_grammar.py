@@ -7,6 +7,7 @@ follow their own matcher; a preempted, recomputed row goes on where its grammar 
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,13 @@ import torch
 
 from engine import grammar_mask
 from engine.errors import RequestRejected
-from engine.grammar import GrammarError, json_object_grammar, json_schema_grammar
+from engine.grammar import (
+    GrammarError,
+    choice_grammar,
+    json_object_grammar,
+    json_schema_grammar,
+    regex_grammar,
+)
 from engine.grammar_mask import mask_logits, unpack_bitmask
 from engine.llm import LLM
 from engine.sampling_params import GrammarConstraint, SamplingParams
@@ -88,6 +95,19 @@ def test_constrained_output_parses_and_validates(llm: LLM, name: str, temperatur
     for output in llm.generate([PROMPT, PROMPT[5:], PROMPT[10:]], params):
         assert output.finish_reason == "stop", output.text
         valid(output.text, schema)
+
+
+def test_regex_and_choice(llm: LLM) -> None:
+    pattern = r"[a-c]{2,5}-[0-9]{3}"
+    params = [
+        SamplingParams(max_tokens=30, temperature=1.0, seed=1, constraint=regex_grammar(pattern)),
+        SamplingParams(
+            max_tokens=30, temperature=0.0, constraint=choice_grammar(["alpha", "beta"])
+        ),
+    ]
+    regex, choice = llm.generate([PROMPT, PROMPT], params)
+    assert re.fullmatch(pattern, regex.text) and regex.finish_reason == "stop"
+    assert choice.text in ("alpha", "beta") and choice.finish_reason == "stop"
 
 
 def test_json_object_gives_an_object(llm: LLM) -> None:

@@ -58,7 +58,7 @@ async def create_chat_completion(
         )
     conversation = body.conversation()
     front = runtime.service.front
-    constraint = await constraint_of(body.response_format, front)
+    constraint = await constraint_of(body.response_format, body.structured_outputs, front)
     text = await _render(runtime.renderer, front, conversation, body.add_generation_prompt)
     token_ids = await run_in_threadpool(_prompt_token_ids, front, text)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"

@@ -68,7 +68,7 @@ async def create_completion(
         settings.max_logprob_entries,
         front.limits.max_model_len,
     )
-    constraint = await constraint_of(body.response_format, front)
+    constraint = await constraint_of(body.response_format, body.structured_outputs, front)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     params = engine_params(body, constraint)
     ids = prompt_request_ids(request_id, len(prompts))
