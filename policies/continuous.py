@@ -9,7 +9,10 @@ Stall-free batching (Sarathi-Serve): a step that carries decodes takes at most
 ``max_prefill_tokens`` prefill tokens beside them (running chunks and admissions together), so
 a decode step is never stretched by a full-budget prefill chunk. A step without decodes has no
 stream to protect: its prefill takes the whole token budget (a cap there would only split the
-same prefill into more, slower steps).
+same prefill into more, slower steps). With ``adaptive_prefill`` the cap follows the decodes
+running: near the whole budget beside a few, down to ``max_prefill_tokens`` as they fill the
+batch (prompts waiting behind a handful of decodes prefill in a few large steps, as vLLM's
+2,048-token steps do, while a full batch of streams keeps its short steps).
 """
 
 from __future__ import annotations
@@ -62,6 +65,16 @@ class ContinuousParams(PolicyParams):
             "whole token budget. null: no separate cap (the step's token budget only)."
         ),
         json_schema_extra={"x-null": "step budget"},
+    )
+    adaptive_prefill: JsonBool = Field(
+        False,
+        description=(
+            "max_prefill_tokens' mode. false: a fixed cap beside decodes. true: the cap adapts "
+            "to the decodes running: beside D of them a step may take up to max(max_prefill_"
+            "tokens, B - D x (B - max_prefill_tokens) / N) prefill tokens (B the step's token "
+            "budget, N max_num_seqs or B if smaller): the whole budget while few decode, "
+            "max_prefill_tokens once the batch is full of decodes."
+        ),
     )
     max_wait_s: JsonNumberOrNull = max_wait_field(DEFAULT_MAX_WAIT_S)
 
@@ -139,10 +152,17 @@ class ContinuousPolicy(SchedulingPolicy):
 
     def _prefill_room(self, budget: int) -> int:
         """Prefill tokens the step may still take once its decodes are scheduled with
-        ``budget`` left: at most ``prefill_cap`` beside decodes, the whole rest without."""
-        if budget < self.token_budget:  # decodes took some of it
-            return min(budget, self.prefill_cap)
-        return budget
+        ``budget`` left: at most ``prefill_cap`` beside decodes (``adaptive_prefill``: a cap
+        from the whole budget down to ``prefill_cap`` as decodes fill the batch), the whole
+        rest without."""
+        if budget >= self.token_budget:
+            return budget
+        cap = self.prefill_cap
+        if self.params.adaptive_prefill:
+            decodes = self.token_budget - budget  # one token each
+            spare = self.token_budget - cap
+            cap = max(cap, self.token_budget - decodes * spare // self.running_cap)
+        return min(budget, cap)
 
     def _continue(
         self, batch: ScheduledBatch, seq: Sequence, budget: int, may_preempt: bool = True

@@ -107,6 +107,28 @@ def test_cap_holds_while_decodes_run_and_decodes_go_first(policy):
 
 
 @pytest.mark.parametrize("policy", BUDGETED)
+def test_adaptive_cap_follows_the_decodes_running(policy):
+    """``adaptive_prefill``: beside D decodes a step takes up to max(cap, B - D (B - cap) / N)
+    prefill tokens (B = 256, N = 64 here), so more beside few decodes, the cap near a full
+    batch; decodes still go first, and it is live-editable back to the fixed cap."""
+    engine, runner = _engine(policy, max_prefill_tokens=CAP, adaptive_prefill=True)
+    _run(engine, _requests(80, seed=7))
+    budget, n = LIMITS.max_num_batched_tokens, LIMITS.max_num_seqs
+    with_decodes = [s for s in runner.steps if any(kind == "decode" for kind, _ in s)]
+    assert len(with_decodes) > 20
+    seen_above = False
+    for step in with_decodes:
+        decodes = sum(kind == "decode" for kind, _ in step)
+        room = max(CAP, budget - decodes * (budget - CAP) // n)
+        assert _prefill(step) <= min(room, budget - decodes), (decodes, step)
+        seen_above |= _prefill(step) > CAP
+    assert seen_above, "the adaptive cap never went above the fixed one"
+    fixed, fixed_runner = _engine(policy, max_prefill_tokens=CAP)
+    _run(fixed, _requests(80, seed=7))
+    assert len(runner.steps) < len(fixed_runner.steps)  # fewer, larger prefill steps
+
+
+@pytest.mark.parametrize("policy", BUDGETED)
 def test_every_running_decode_is_scheduled_each_step(policy):
     """Decodes first: no prefill, however long the queue, takes a running decode's place."""
     engine, runner = _engine(policy, max_prefill_tokens=CAP)
