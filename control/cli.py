@@ -24,6 +24,7 @@ GENERATE_FLAGS = (
     "max_num_batched_tokens",
     "attention_backend",
     "native_attention",
+    "packed_products",
     "tensor_parallel_size",
     "tokenizer",
 )

@@ -33,6 +33,7 @@ from engine.kv_pool import allocate_kv_cache, kv_bytes_per_block
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import build_model, load_model
+from engine.model.products import plan_products
 from engine.parallel.shard import SINGLE, Shard, check_divisible
 from engine.parallel.world import TensorParallelWorld
 from engine.runner import ModelRunner
@@ -112,6 +113,15 @@ def load_bundle(
             parallel.close()
         raise
     bundle.parallel = parallel
+    plan = plan_products(dtype, device, config.packed_products)
+    bundle.model.prepare_products(plan)
+    if shard is None:
+        log.info(
+            "weight products: %s (%s); packed copies %.1f MiB",
+            plan.kind,
+            plan.reason,
+            bundle.model.packed_bytes / 2**20,
+        )
     if config.retain_freed_host_memory and device.type == "cpu":
         # After the load: with freed blocks kept, the load's transients (each tensor's bytes,
         # a GGUF tensor dequantized) would stay resident beside the weights allocated before.

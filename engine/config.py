@@ -103,6 +103,12 @@ class EngineConfig:
         "machine's g++ (AVX-512, or AVX2 with FMA; kernels.native); where it cannot be built, "
         "torch's products",
     )
+    packed_products: Literal["auto", "onednn", "off"] = knob(
+        "auto",
+        "weight products on CPU: onednn (each weight reordered once at load into oneDNN's "
+        "layout), off (F.linear on row-major weights) or auto (onednn for float32; "
+        "engine.model.products)",
+    )
     gpu_memory_utilization: float = knob(0.90, "share of GPU memory the engine may take")
     num_threads: int | None = knob(None, "torch CPU threads (default: torch's)", ge=1)
     retain_freed_host_memory: bool = knob(

@@ -39,6 +39,7 @@ ENGINE_SETTINGS = (
     "max_num_batched_tokens",
     "num_threads",
     "native_attention",
+    "packed_products",
     "tensor_parallel_size",
     "tokenizer",
 )

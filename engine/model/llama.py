@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model.config import ModelConfig
+from engine.model.products import PLAIN, Product, ProductPlan
 from engine.model.rope import RopeTables, RotaryEmbedding, rotate_
 from engine.parallel.shard import SINGLE, Shard
 from kernels.attention import AttentionBackend, AttentionMetadata
@@ -84,6 +85,12 @@ class Attention(nn.Module):
         norm = (config.head_dim, config.rms_norm_eps, dtype, device)
         self.q_norm = RMSNorm(*norm) if config.qk_norm else None
         self.k_norm = RMSNorm(*norm) if config.qk_norm else None
+        self.prepare_products(PLAIN)
+
+    def prepare_products(self, plan: ProductPlan) -> None:
+        """The projections' products over the loaded weights (``engine.model.products``)."""
+        self.qkv = Product(self.qkv_proj, self.qkv_bias, plan)
+        self.o = Product(self.o_proj, self.o_bias, PLAIN if self.reduce else plan)
 
     def forward(
         self,
@@ -93,7 +100,7 @@ class Attention(nn.Module):
         meta: MetaT,
     ) -> torch.Tensor:
         tokens = x.shape[0]
-        qkv = F.linear(x, self.qkv_proj, self.qkv_bias)
+        qkv = self.qkv(x)
         q, k, v = qkv.split_with_sizes([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
@@ -109,7 +116,7 @@ class Attention(nn.Module):
         out = attention.forward(self.layer_index, q, k, v, meta, self.scale)
         if self.reduce:
             return _row_parallel(out.reshape(tokens, self.q_size), self.o_proj, self.o_bias)
-        return F.linear(out.reshape(tokens, self.q_size), self.o_proj, self.o_bias)
+        return self.o(out.reshape(tokens, self.q_size))
 
 
 class MLP(nn.Module):
@@ -121,16 +128,22 @@ class MLP(nn.Module):
         self.reduce = shard.parallel
         self.gate_up_proj = _param(2 * size, config.hidden_size, dtype=dtype, device=device)
         self.down_proj = _param(config.hidden_size, size, dtype=dtype, device=device)
+        self.prepare_products(PLAIN)
+
+    def prepare_products(self, plan: ProductPlan) -> None:
+        """The projections' products over the loaded weights (``engine.model.products``)."""
+        self.gate_up = Product(self.gate_up_proj, None, plan)
+        self.down = Product(self.down_proj, None, PLAIN if self.reduce else plan)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_proj).chunk(2, dim=-1)
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
         # SiLU and the product in place in the gate half of the product's own buffer: no
         # fresh [tokens, intermediate] tensors (at 2,048 tokens two of them cost more than
         # the norms and rope together); down_proj reads the strided half as it is.
         hidden = F.silu(gate, inplace=True).mul_(up)
         if self.reduce:
             return _row_parallel(hidden, self.down_proj, None)
-        return F.linear(hidden, self.down_proj)
+        return self.down(hidden)
 
 
 class DecoderLayer(nn.Module):
@@ -188,6 +201,25 @@ class LlamaForCausalLM(nn.Module):
             config.rope_scaling,
             device,
         )
+        self.head = Product(self.embed_tokens if self.lm_head is None else self.lm_head)
+
+    def prepare_products(self, plan: ProductPlan) -> None:
+        """Every projection's product over the loaded weights, by ``plan`` (after a load)."""
+        for layer in self.layers:
+            if isinstance(layer, DecoderLayer):
+                layer.self_attn.prepare_products(plan)
+                layer.mlp.prepare_products(plan)
+        self.head = Product(self.embed_tokens if self.lm_head is None else self.lm_head, None, plan)
+
+    @property
+    def packed_bytes(self) -> int:
+        """Bytes of the packed copies the plan made (beside the plain weights)."""
+        products = [self.head]
+        for layer in self.layers:
+            if isinstance(layer, DecoderLayer):
+                attn, mlp = layer.self_attn, layer.mlp
+                products += [attn.qkv, attn.o, mlp.gate_up, mlp.down]
+        return sum(p.packed_bytes for p in products)
 
     def layer(self, index: int) -> DecoderLayer:
         """Decoder layer ``index`` (``nn.ModuleList`` hands out a plain ``Module``)."""
@@ -212,5 +244,4 @@ class LlamaForCausalLM(nn.Module):
         return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens if self.lm_head is None else self.lm_head
-        return F.linear(hidden, weight).float()
+        return self.head(hidden).float()
