@@ -75,6 +75,14 @@ class EngineCollector(Collector):
             "servedeck_requests_waiting", "Requests waiting.", scheduler and scheduler.waiting
         )
         yield _gauge(
+            "servedeck_requests_constrained",
+            "Requests running whose output a grammar constrains (response_format, "
+            "structured_outputs).",
+            None
+            if snap is None
+            else sum(r.constrained and r.state == "running" for r in snap.requests),
+        )
+        yield _gauge(
             "servedeck_requests_waiting_max",
             "Waiting requests before new ones get 429 (max_waiting).",
             snap and snap.queue.max_waiting,

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import llguidance
 from tokenizers import Tokenizer
 
+from engine.grammar_check import CompileTimeout, GrammarChecker
 from engine.sampling_params import GrammarConstraint
 
 if TYPE_CHECKING:
@@ -121,6 +122,7 @@ class Grammars:
         self._lock = threading.Lock()
         self._lltokenizer: llguidance.LLTokenizer | None = None
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._checker: GrammarChecker | None = None
 
     @property
     def lltokenizer(self) -> llguidance.LLTokenizer:
@@ -133,10 +135,29 @@ class Grammars:
                 )
             return self._lltokenizer
 
-    def compile(self, constraint: GrammarConstraint) -> None:
+    def compile(self, constraint: GrammarConstraint, timeout_s: float | None = None) -> None:
         """Compile ``constraint`` (or find it compiled); ``GrammarError`` says why it cannot
-        be. Compiling drops the GIL and is bounded by ``grammar_limits``."""
+        be. Compiling drops the GIL and is bounded by ``grammar_limits``; with ``timeout_s``,
+        a grammar not compiled yet is first compiled in a worker process that is killed past
+        the deadline (engine/grammar_check.py), and refused then."""
+        if timeout_s is not None and not self.is_compiled(constraint):
+            try:
+                refusal = self.checker.check(constraint.grammar, timeout_s)
+            except CompileTimeout as exc:
+                raise GrammarError(str(exc)) from None
+            if refusal:
+                raise GrammarError(refusal)
         self._template(constraint)
+
+    @property
+    def checker(self) -> GrammarChecker:
+        """The compile worker (started on the first check)."""
+        with self._lock:
+            if self._checker is None:
+                self._checker = GrammarChecker(
+                    self._tokenizer.to_str(), self._vocab_size, self._eos
+                )
+            return self._checker
 
     def state(self, constraint: GrammarConstraint) -> GrammarState:
         """A new sequence's own matcher, at the grammar's start."""

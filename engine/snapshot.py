@@ -40,6 +40,9 @@ class RequestSnapshot(BaseModel):
     preemptions: int
     tenant: str = Field(description="Who it belongs to (its API key's name, or its user).")
     priority: int = Field(description="Lower is served earlier under the priority queue.")
+    constrained: bool = Field(
+        False, description="A grammar constrains its output (response_format, structured_outputs)."
+    )
 
     @classmethod
     def of(cls, seq: Sequence, blocks: int, now: float) -> RequestSnapshot:
@@ -53,6 +56,7 @@ class RequestSnapshot(BaseModel):
             preemptions=seq.num_preemptions,
             tenant=seq.tenant,
             priority=seq.priority,
+            constrained=seq.grammar is not None,
         )
 
 

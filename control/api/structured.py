@@ -2,9 +2,10 @@
 (engine/grammar.py), for both generation routes.
 
 A schema is bounded before anything compiles it (``MAX_SCHEMA_BYTES`` of JSON,
-``MAX_SCHEMA_DEPTH`` levels of nesting), then compiled once on a worker thread, off the event
-loop (llguidance drops the GIL while it compiles; its parser limits, ``grammar_limits``, bound
-the work, so a compile ends with a grammar or a refusal, never runs on); the engine's
+``MAX_SCHEMA_DEPTH`` levels of nesting), then compiled once, off the event loop: first in a
+worker process killed past ``COMPILE_TIMEOUT_S`` (engine/grammar_check.py: a compile that runs
+on is stopped, and refused), then in the server on a worker thread (llguidance drops the GIL;
+its parser limits, ``grammar_limits``, bound the work); the engine's
 ``Grammars`` keeps the compiled grammars by the grammar's hash in a bounded LRU, so a schema
 seen before costs a lookup. Every refusal is a 400 naming the field
 (``response_format.json_schema.schema``) with llguidance's reason (``Unimplemented keys:
@@ -34,6 +35,9 @@ MAX_SCHEMA_BYTES = 32 * 1024
 """A schema's JSON text, at most (OpenAI's own limits are of the same order)."""
 MAX_SCHEMA_DEPTH = 32
 """Levels of objects and arrays in a schema's JSON, at most."""
+COMPILE_TIMEOUT_S = 5.0
+"""A grammar's first compile, at most (in a worker process killed past it:
+engine/grammar_check.py); a JSON schema's takes about a millisecond."""
 SCHEMA_FIELD = "response_format.json_schema.schema"
 INVALID_SCHEMA = "invalid_json_schema"
 """``error.code`` of a schema refused (bounds, or what the grammar library refuses)."""
@@ -79,7 +83,7 @@ async def constraint_of(
         code = INVALID_SCHEMA
     if not grammars.is_compiled(constraint):
         try:
-            await run_in_threadpool(grammars.compile, constraint)
+            await run_in_threadpool(grammars.compile, constraint, COMPILE_TIMEOUT_S)
         except GrammarError as exc:
             raise _refusal(f"{field}: {exc}", field, code) from None
     return constraint

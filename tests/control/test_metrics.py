@@ -7,6 +7,7 @@ import httpx
 NAMES = {
     "servedeck_requests_running": "gauge",
     "servedeck_requests_waiting": "gauge",
+    "servedeck_requests_constrained": "gauge",
     "servedeck_kv_blocks": "gauge",
     "servedeck_kv_usage_ratio": "gauge",
     "servedeck_kv_reserve_ratio": "gauge",

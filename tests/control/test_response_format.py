@@ -163,6 +163,18 @@ def test_a_streamed_answer_joins_into_valid_json(server: ServerProcess) -> None:
     jsonschema.validate(json.loads(text), SCHEMAS["nested"])
 
 
+def test_the_state_and_the_metrics_count_constrained_requests(server: ServerProcess) -> None:
+    body = chat("long", stream=True, max_tokens=MAX_TOKENS)
+    with server.client() as http, http.stream("POST", "/v1/chat/completions", json=body) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: "))  # running now
+        requests = state(http)["requests"]
+        metrics = http.get("/metrics").text
+        list(lines)
+    assert any(q["constrained"] and q["state"] == "running" for q in requests), requests
+    assert "servedeck_requests_constrained 1.0" in metrics.splitlines()
+
+
 def test_completions_take_response_format_too(server: ServerProcess) -> None:
     body = {
         "prompt": "A colour, as JSON:",

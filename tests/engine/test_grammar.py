@@ -164,6 +164,21 @@ def test_a_grammar_that_cannot_compile_is_refused_at_admission(llm: LLM) -> None
         json_schema_grammar([1, 2])  # type: ignore[arg-type]  # not an object: refused
 
 
+def test_a_compile_past_its_deadline_is_stopped_and_refused(llm: LLM) -> None:
+    """The first compile runs in a worker process, killed past the deadline; the next check
+    starts a new one; a refusal comes back from it as llguidance words it."""
+    grammars = llm.engine.front.grammars
+    assert grammars is not None
+    fresh = json_schema_grammar({"type": "string", "pattern": "[a-z]{3}-[0-9]{2}"})
+    with pytest.raises(GrammarError, match="took longer than"):
+        grammars.compile(fresh, timeout_s=0)  # poll() rounds up to 1 ms
+    assert not grammars.is_compiled(fresh)
+    grammars.compile(fresh, timeout_s=60)
+    assert grammars.is_compiled(fresh)
+    with pytest.raises(GrammarError, match="not"):
+        grammars.compile(json_schema_grammar({"not": {"type": "string"}}), timeout_s=60)
+
+
 def test_rows_without_a_grammar_never_reach_the_mask(
     llm: LLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
