@@ -83,23 +83,32 @@ def candidates(w: torch.Tensor, x: torch.Tensor) -> dict[str, Product]:
     return out
 
 
-CLOCK = time.perf_counter
-"""Wall time; ``--clock cpu`` (the process's CPU time, with one thread) on a loaded machine."""
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+"""``cpu``: the process's CPU time (with one thread), for a loaded machine."""
 
 
-def time_round(run: Product, budget_s: float) -> float:
+def time_round(
+    run: Product, budget_s: float, clock: Callable[[], float] = time.perf_counter
+) -> float:
     """Seconds per call: as many calls as fit in ``budget_s`` (at least 2), the fastest."""
     best, spent, calls = float("inf"), 0.0, 0
     while calls < 2 or spent < budget_s:
-        started = CLOCK()
+        started = clock()
         run()
-        took = CLOCK() - started
+        took = clock() - started
         best, spent, calls = min(best, took), spent + took, calls + 1
     return best
 
 
 def measure(
-    dtype: torch.dtype, name: str, n: int, k: int, m: int, rounds: int, budget_s: float
+    dtype: torch.dtype,
+    name: str,
+    n: int,
+    k: int,
+    m: int,
+    rounds: int,
+    budget_s: float,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Row:
     gen = torch.Generator().manual_seed(n * 31 + k)
     w = (torch.randn(n, k, generator=gen) * k**-0.5).to(dtype)
@@ -110,7 +119,7 @@ def measure(
     times: dict[str, list[float]] = {c: [] for c in runs}
     for _ in range(rounds):
         for c, run in runs.items():
-            times[c].append(time_round(run, budget_s))
+            times[c].append(time_round(run, budget_s, clock))
     flop = 2 * m * n * k / 1e9
     return Row(
         str(dtype).removeprefix("torch."),
@@ -123,13 +132,21 @@ def measure(
     )
 
 
-def probe(dtype: torch.dtype, rounds: int, size: int = 2048) -> float:
+def probe(
+    dtype: torch.dtype,
+    rounds: int,
+    clock: Callable[[], float] = time.perf_counter,
+    size: int = 2048,
+) -> float:
     """The square-matrix probe: GFLOP/s of a ``size``-cube product, median of ``rounds``."""
     a = torch.randn(size, size).to(dtype)
     b = torch.randn(size, size).to(dtype)
     a @ b
     return (
-        2 * size**3 / 1e9 / statistics.median(time_round(lambda: a @ b, 0.2) for _ in range(rounds))
+        2
+        * size**3
+        / 1e9
+        / statistics.median(time_round(lambda: a @ b, 0.2, clock) for _ in range(rounds))
     )
 
 
@@ -162,20 +179,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="JSON of every row")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     args = parser.parse_args()
-    if args.clock == "cpu":
-        global CLOCK
-        CLOCK = time.process_time
     torch.set_num_threads(args.threads)
     cpu = cpu_features()
     rows: list[Row] = []
     probes: dict[str, float] = {}
     for dtype_name in args.dtype:
         dtype = getattr(torch, dtype_name)
-        probes[dtype_name] = probe(dtype, args.rounds)
+        probes[dtype_name] = probe(dtype, args.rounds, CLOCKS[args.clock])
         for name in args.shapes:
             n, k = SHAPES[name]
             for m in args.batches:
-                rows.append(measure(dtype, name, n, k, m, args.rounds, args.budget_s))
+                rows.append(
+                    measure(dtype, name, n, k, m, args.rounds, args.budget_s, CLOCKS[args.clock])
+                )
                 print(
                     rows[-1].shape,
                     rows[-1].m,
