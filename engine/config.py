@@ -104,10 +104,10 @@ class EngineConfig:
         "torch's products",
     )
     packed_products: Literal["auto", "onednn", "off"] = knob(
-        "auto",
+        "off",
         "weight products on CPU: onednn (each weight reordered once at load into oneDNN's "
         "layout), off (F.linear on row-major weights) or auto (onednn for float32; "
-        "engine.model.products)",
+        "engine.model.products; off by default: the 64-request burst did not gain)",
     )
     gpu_memory_utilization: float = knob(0.90, "share of GPU memory the engine may take")
     num_threads: int | None = knob(None, "torch CPU threads (default: torch's)", ge=1)

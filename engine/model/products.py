@@ -13,6 +13,11 @@ at 64 rows and 0.85–0.95× at 320, and behind at one row (12.4 against 16.1 GF
 So the packed weight runs from ``min_rows`` rows, and a product that does not widen
 (out features ≤ in features) leaves it again from ``narrow_max_rows``.
 
+Off by default (``EngineConfig.packed_products``): the whole 64-request SmolLM2 burst did not
+gain from it on that CPU (output tok/s alternated with F.linear: ahead in 2 pairs, behind in 3;
+docs/benchmarks.md). A step's row count changes every step, and oneDNN builds a primitive per
+new shape, which the per-shape table (one fixed shape each) never pays.
+
 The plan (``plan_products``) is a rule per dtype and CPU, not a timing at load, so the same
 machine computes the same numbers every start. Where oneDNN refuses a dtype (bfloat16 without
 AVX-512 BW/VL/DQ or AVX-NE-CONVERT) the plain weight stays, said once in the log. The packed
