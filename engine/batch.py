@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from engine.sequence import Sequence
+from engine.timeline import Hold, PreemptCause, QueueHead
 
 if TYPE_CHECKING:
     from engine.outputs import TokenLogprob
@@ -54,6 +55,16 @@ class ScheduledBatch:
     preempted: list[Sequence] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     mode: str = ""
+    # why requests wait (engine/timeline.py), filled by the policy
+    admitted: list[Sequence] = field(default_factory=list)
+    """Sequences given blocks in this step (new and resumed), in admission order."""
+    preempt_causes: list[PreemptCause] = field(default_factory=list)
+    """Why each of ``preempted`` was preempted, in the same order."""
+    waiting_on: QueueHead | None = None
+    """The waiting sequence first in the queue's order that the step did not admit, and
+    what held it (None: nobody waits)."""
+    paused: Hold | None = None
+    """What held a running prefill that the step gave no tokens (None: none was held)."""
     # KV accounting once the step's tokens are stored (filled by the engine)
     kv_held_slots: int = 0
     kv_live_tokens: int = 0

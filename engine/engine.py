@@ -36,6 +36,7 @@ from engine.sequence import NO_BLOCKS, Sequence
 from engine.snapshot import EngineSnapshot
 from engine.stats import EngineStats, StepRecord
 from engine.tenants import TenantLedger
+from engine.timeline import DEFAULT_TIMELINES_KEPT, RequestTimeline, TimelineRecorder
 from policies.base import SchedulingPolicy
 from policies.discipline import QueueDiscipline, make_discipline
 from policies.queue import FairQueue, FcfsQueue, QueueSpec
@@ -58,6 +59,7 @@ class LLMEngine:
         clock: Callable[[], float] = time.monotonic,
         policy: PolicySpec | str | Mapping[str, Any] | None = None,
         queue: QueueSpec | None = None,
+        timelines_kept: int = DEFAULT_TIMELINES_KEPT,
     ) -> None:
         self.config = config
         self.runner = runner
@@ -81,6 +83,8 @@ class LLMEngine:
         self.policy_version: int | None = None
         """The version given with the running policy to ``set_policy`` (None: not given)."""
         self.stats = EngineStats()
+        self.timelines = TimelineRecorder(timelines_kept)
+        """Each request's timeline and why it waits (engine/timeline.py); engine thread only."""
         self.started_at = clock()
         self.wakeup = threading.Event()
         self._sequences: dict[str, Sequence] = {}
@@ -222,10 +226,12 @@ class LLMEngine:
             changes = self.blocks.begin_step()
             try:
                 batch = self.policy.schedule(changes)
+                now = self.clock()
+                self._scheduled(now, batch)
                 if batch.is_empty:
                     changes.commit({})
+                    self.timelines.ran(batch.paused)
                     return outputs
-                now = self.clock()
                 for entry in batch.entries:
                     if entry.seq.first_scheduled_time is None:
                         entry.seq.first_scheduled_time = now
@@ -241,11 +247,23 @@ class LLMEngine:
             requeued = self._settle(changes, batch, result)
             outputs.extend(self._postprocess(batch, result, requeued))
             self._requeue(requeued)
+            self.timelines.ran(batch.paused)
             generated = len(result.token_ids) - len(result.failed) - len(requeued)
             now, wall_s = self.clock(), time.perf_counter() - started
             forward_s = self.runner.last_forward_s
             self.stats.record_step(StepRecord.of(batch, counts, generated, now, wall_s, forward_s))
             return outputs
+
+    def _scheduled(self, now: float, batch: ScheduledBatch) -> None:
+        """Tell the timelines what the step planned at ``now``."""
+        self.timelines.scheduled(
+            now,
+            batch.admitted,
+            batch.preempted,
+            batch.preempt_causes,
+            batch.waiting_on,
+            self.policy.ahead,
+        )
 
     def _settle(self, changes: StepChanges, batch: ScheduledBatch, result: StepResult) -> set[str]:
         """The rows that ran commit their tokens' K/V; a failed row's block changes roll back
@@ -268,6 +286,7 @@ class LLMEngine:
         for seq in seqs:
             seq.num_computed_tokens = 0
             seq.block_table = NO_BLOCKS
+            self.timelines.put_back(seq)
         if seqs:
             self.policy.adopt(self.policy.handover())
 
@@ -327,6 +346,7 @@ class LLMEngine:
         for seq in finished:
             self._sequences.pop(seq.seq_id, None)
             self.stats.record_finish(RequestMetrics.of(seq), seq.num_output_tokens)
+            self.timelines.finished(seq)
         return outputs
 
     def _end(self, seq: Sequence, reason: str, now: float, error: str | None) -> RequestOutput:
@@ -338,6 +358,7 @@ class LLMEngine:
             self._left_queue(seq, charge=False)
         seq.finish(reason, now)
         self.stats.record_finish(RequestMetrics.of(seq), seq.num_output_tokens)
+        self.timelines.finished(seq)
         return RequestOutput.of(seq, [], error, self.families.left(seq))
 
     # -- commands (applied at step boundaries) --------------------------------------------
@@ -348,6 +369,7 @@ class LLMEngine:
             for seq in arrived:
                 self._sequences[seq.seq_id] = seq
         for seq in arrived:
+            self.timelines.arrived(seq)
             self.families.admit(seq)
             if seq.account is not None:
                 self.tenants.join(seq.account)
@@ -425,6 +447,13 @@ class LLMEngine:
         return bool(seqs)
 
     # -- inspection -----------------------------------------------------------------------
+
+    def timeline(self, request_id: str, timeout: float | None = 30.0) -> RequestTimeline | None:
+        """A request's timeline (engine/timeline.py) as of the next step boundary; None for an
+        unknown id or a finished one no longer kept."""
+        return self.commands.call(
+            lambda: self.timelines.timeline(request_id, self.clock()), timeout
+        )
 
     def kv_stats(self) -> KVStats:
         return self.blocks.stats()

@@ -38,6 +38,7 @@ from engine.kv_cache import BlockManager
 from engine.kv_step import StepChanges
 from engine.sequence import NO_BLOCKS, Sequence, SequenceStatus
 from engine.tenants import TenantLedger
+from engine.timeline import PreemptCause
 from policies.discipline import Fcfs, QueueDiscipline, SortKey
 from policies.json_types import JsonNumberOrNull
 from policies.snapshot import PolicySnapshot
@@ -159,6 +160,9 @@ class SchedulingPolicy(ABC):
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self._changes: StepChanges | None = None
+        self._admitted: list[Sequence] = []
+        self._head: tuple[int, Sequence | None] | None = None
+        """The queue's head in admission order, with the queue's version it was found at."""
 
     # -- the interface ------------------------------------------------------------------
 
@@ -184,11 +188,14 @@ class SchedulingPolicy(ABC):
         """Plan one step; every block change it needs is proposed into ``changes`` (the
         engine commits or rolls them back once the step has run)."""
         self._changes = changes
+        admitted: list[Sequence] = []
+        self._admitted = admitted
         try:
             batch = self._plan()
         finally:
             self._changes = None
         batch.block_copies = changes.take_copies()
+        batch.admitted = admitted
         return batch
 
     @abstractmethod
@@ -266,7 +273,25 @@ class SchedulingPolicy(ABC):
     def queue_depth(self) -> int:
         return len(self.waiting) + len(self.running)
 
+    def ahead(self, seqs: list[Sequence]) -> list[int]:
+        """How many waiting sequences are ahead of each of ``seqs`` (waiting ones) in the
+        admission order. Called when sequences start waiting behind others (not per step):
+        the queue's own order under fcfs, one pass over the discipline's order otherwise."""
+        waiting = self.waiting
+        if isinstance(self.discipline, Fcfs):
+            return [_index(waiting, s) for s in seqs]
+        order = {id(s): i for i, s in enumerate(self._admission_order(waiting))}
+        return [order.get(id(s), 0) for s in seqs]
+
     # -- shared mechanics ---------------------------------------------------------------
+
+    def _queue_head(self) -> Sequence | None:
+        """The waiting sequence first in admission order, found again only when the queue
+        changed (aging's promotions and the fair counters show at the queue's next change)."""
+        waiting = self.waiting
+        if self._head is None or self._head[0] != waiting.version:
+            self._head = (waiting.version, next(self._admission_order(waiting), None))
+        return self._head[1]
 
     def _overdue(self, seqs: Iterable[Sequence]) -> list[Sequence]:
         """Sequences among ``seqs`` that waited past ``max_wait_s`` since arrival, oldest
@@ -303,13 +328,16 @@ class SchedulingPolicy(ABC):
         seq.num_computed_tokens = cached
         seq.num_cached_tokens = max(seq.num_cached_tokens, cached)
         seq.status = SequenceStatus.RUNNING
+        self._admitted.append(seq)
 
     def _release(self, seq: Sequence) -> None:
         if seq in self.running:
             self.running.remove(seq)
         self.blocks.free(seq.seq_id)
 
-    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+    def _preempt(
+        self, seq: Sequence, batch: ScheduledBatch, cause: PreemptCause = PreemptCause.MEMORY
+    ) -> None:
         """Recompute-style preemption: drop the KV, keep the tokens, requeue at the front."""
         self.blocks.free(seq.seq_id)
         seq.block_table = NO_BLOCKS
@@ -320,6 +348,7 @@ class SchedulingPolicy(ABC):
         self.running.remove(seq)
         self.waiting.appendleft(seq)
         batch.preempted.append(seq)
+        batch.preempt_causes.append(cause)
         batch.entries = [e for e in batch.entries if e.seq is not seq]
 
     def _reserve_slots(
@@ -348,3 +377,11 @@ class SchedulingPolicy(ABC):
         if num_new:
             changes = self._changes or self.changes  # the property raises outside a step
             changes.register(seq.seq_id, seq.token_ids, seq.num_computed_tokens + num_new)
+
+
+def _index(waiting: WaitingQueue, seq: Sequence) -> int:
+    """``seq``'s place in ``waiting`` (0 if it is not there)."""
+    try:
+        return waiting.index(seq)
+    except ValueError:
+        return 0

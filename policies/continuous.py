@@ -26,6 +26,15 @@ from engine.batch import ScheduledBatch
 from engine.config import EngineLimits
 from engine.kv_cache import BlockManager
 from engine.sequence import Sequence, SequenceStatus
+from engine.timeline import (
+    BlocksShort,
+    Hold,
+    PreemptCause,
+    QueueHead,
+    SeqsFull,
+    TokenBudget,
+    WaitReason,
+)
 from policies.base import (
     DEFAULT_MAX_WAIT_S,
     MaxBatchedTokens,
@@ -104,6 +113,8 @@ class ContinuousPolicy(SchedulingPolicy):
         self.max_num_seqs = params.max_num_seqs or limits.max_num_seqs
         self.token_budget = params.max_num_batched_tokens or limits.max_num_batched_tokens
         self.prefill_cap = min(params.max_prefill_tokens or self.token_budget, self.token_budget)
+        self._prompt_budget = self.token_budget
+        """The prompt tokens the step in planning could carry (``TokenBudget.budget``)."""
 
     @property
     def running_cap(self) -> int:
@@ -124,31 +135,67 @@ class ContinuousPolicy(SchedulingPolicy):
         for seq in [s for s in self.running if len(s.token_ids) - s.num_computed_tokens <= 1]:
             budget -= self._continue(batch, seq, budget)
         room = self._prefill_room(budget)
+        self._prompt_budget = room
         for seq in prefills:
             room -= self._continue(batch, seq, room)
+        if room <= 0 and prefills:
+            batch.paused = Hold(WaitReason.PROMPT_BUDGET_SPENT, TokenBudget(0, self._prompt_budget))
+        displaced = None
         if self.discipline.preempts and self.waiting and not batch.preempted:
-            self._displace(batch)
+            displaced = self._displace(batch)
         if not batch.preempted and self._may_admit(room):
             for seq in self._admission_order(self.waiting):
                 used = self._try_admit(batch, seq, room)
                 if used is None:
                     break
                 room -= used
+        elif self.waiting and (head := self._queue_head()) is not None:
+            batch.waiting_on = QueueHead(head, displaced or self._held(batch, room))
         return batch
 
-    def _displace(self, batch: ScheduledBatch) -> None:
+    def _held(self, batch: ScheduledBatch, room: int) -> Hold:
+        """What kept the step from admitting anyone: a preemption for want of blocks (no
+        admission follows it in the same step), the sequence cap, or the spent budget."""
+        if batch.preempted:
+            blocks = self.blocks
+            return Hold(
+                WaitReason.KV_BLOCKS_SHORT, BlocksShort(None, blocks.admissible, blocks.reserved)
+            )
+        return self._refused(room)
+
+    def _refused(self, room: int) -> Hold:
+        """The cap or the budget that refuses the next admission (``_may_admit``'s checks)."""
+        running, cap = len(self.running), self.max_num_seqs
+        if running > cap:
+            return Hold(WaitReason.DRAINING_CAP, SeqsFull(running, cap))
+        if running >= cap:
+            return Hold(WaitReason.MAX_NUM_SEQS, SeqsFull(running, cap))
+        return Hold(WaitReason.PROMPT_BUDGET_SPENT, TokenBudget(room, self._prompt_budget))
+
+    def _displace(self, batch: ScheduledBatch) -> Hold | None:
         """Priority preemption: when the best waiting sequence cannot be admitted (the batch is
         full, or the pool cannot hold its prompt), one running sequence of a higher priority
         value (the discipline's victim among them) is preempted. The waiting one is admitted
         at the next step: an admission never follows a preemption in the same step."""
         head = min(self.waiting, key=lambda s: s.priority)
-        if len(self.running) < self.running_cap and self.blocks.can_admit(
-            self._prefix_hits(head), head.num_tokens
-        ):
-            return
+        full = len(self.running) >= self.running_cap
+        hits = [] if full else self._prefix_hits(head)
+        if not full and self.blocks.can_admit(hits, head.num_tokens):
+            return None
         below = [s for s in self.running if self.discipline.displaces(head, s)]
-        if below:
-            self._preempt(self.discipline.victim(below), batch)
+        if not below:
+            return None
+        hold = self._refused(1) if full else self._short(hits, head)
+        self._preempt(self.discipline.victim(below), batch, PreemptCause.PRIORITY)
+        return hold
+
+    def _short(self, hits: list[int], seq: Sequence, num_tokens: int | None = None) -> Hold:
+        """KV blocks short for admitting ``num_tokens`` of ``seq`` (default: all of them)."""
+        blocks = self.blocks
+        needed = blocks.blocks_to_admit(hits, seq.num_tokens if num_tokens is None else num_tokens)
+        return Hold(
+            WaitReason.KV_BLOCKS_SHORT, BlocksShort(needed, blocks.admissible, blocks.reserved)
+        )
 
     def _prefill_room(self, budget: int) -> int:
         """Prefill tokens the step may still take once its decodes are scheduled with
@@ -190,6 +237,7 @@ class ContinuousPolicy(SchedulingPolicy):
     def _try_admit(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int | None:
         """Admit a waiting sequence with its first chunk; None when it does not fit now."""
         if budget <= 0 or len(self.running) >= self.max_num_seqs:
+            batch.waiting_on = QueueHead(seq, self._refused(budget))
             return None
         hits = self._prefix_hits(seq)
         cached = len(hits) * self.blocks.block_size
@@ -197,9 +245,12 @@ class ContinuousPolicy(SchedulingPolicy):
         num_new = min(remaining, budget)
         if num_new < remaining and not self.params.enable_chunked_prefill:
             if batch.entries or remaining <= self.token_budget:
+                figures = TokenBudget(budget, self._prompt_budget, remaining)
+                batch.waiting_on = QueueHead(seq, Hold(WaitReason.PROMPT_BUDGET_SPENT, figures))
                 return None
             num_new = remaining  # a prompt over the whole budget runs alone, unchunked
         if not self.blocks.can_admit(hits, cached + num_new):
+            batch.waiting_on = QueueHead(seq, self._short(hits, seq, cached + num_new))
             return None
         self.waiting.remove(seq)
         self._admit(seq, cached + num_new, hits)

@@ -22,6 +22,7 @@ from engine.batch import ScheduledBatch
 from engine.config import EngineLimits
 from engine.kv_cache import BlockManager
 from engine.sequence import Sequence, SequenceStatus
+from engine.timeline import PreemptCause
 from policies.base import PolicyParams, SchedulingPolicy
 from policies.discipline import QueueDiscipline
 from policies.snapshot import PolicySnapshot
@@ -168,8 +169,10 @@ class PaddedGroupPolicy(SchedulingPolicy):
 
     # -- internals ----------------------------------------------------------------------
 
-    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
-        super()._preempt(seq, batch)
+    def _preempt(
+        self, seq: Sequence, batch: ScheduledBatch, cause: PreemptCause = PreemptCause.MEMORY
+    ) -> None:
+        super()._preempt(seq, batch, cause)
         if seq in self.group:
             self.group.remove(seq)
 

@@ -1,0 +1,301 @@
+"""Issue 41: every request's timeline, and the reason for every wait, under continuous + fcfs.
+
+The real ``LLMEngine`` and policy run with no model: a runner that samples token 0 and moves a
+virtual clock by a step time that grows with the step's tokens, so the runs are exact and
+fast. Requests arrive at random steps; small limits force every constraint, preemptions by a
+small pool among them, and some requests are aborted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass, field
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.batch import ScheduledBatch, StepResult
+from engine.config import EngineConfig, EngineLimits
+from engine.engine import LLMEngine
+from engine.front import QueuedPrompt
+from engine.outputs import RequestMetrics
+from engine.sampling_params import SamplingParams
+from engine.timeline import (
+    BlocksShort,
+    EventKind,
+    Phase,
+    PreemptCause,
+    RequestTimeline,
+    SeqsFull,
+    TokenBudget,
+    WaitReason,
+)
+
+BLOCK = 16
+OWN_REASONS = (
+    WaitReason.KV_BLOCKS_SHORT,
+    WaitReason.MAX_NUM_SEQS,
+    WaitReason.PROMPT_BUDGET_SPENT,
+)
+
+
+@dataclass
+class Clock:
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CostRunner:
+    """Token 0 for every sampling row; a step takes 1 ms plus 10 µs per token."""
+
+    last_forward_s = 0.0
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
+    def execute(self, batch: ScheduledBatch) -> StepResult:
+        tokens = sum(e.num_new_tokens for e in batch.entries)
+        self.clock.now += 0.001 + 1e-5 * tokens
+        return StepResult([0 for e in batch.entries if e.sample])
+
+
+@dataclass(frozen=True)
+class Arrival:
+    step: int
+    prompt: int
+    output: int
+    abort_after: int | None = None
+    """Abort it this many steps after it arrived (None: it runs to its end)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    num_kv_blocks: int = 14
+    max_num_seqs: int = 4
+    max_num_batched_tokens: int = 64
+    max_prefill_tokens: int | None = 32
+    memory_reserve: float = 0.1
+
+
+@dataclass
+class Run:
+    timelines: dict[str, RequestTimeline]
+    metrics: dict[str, RequestMetrics]
+    aborted: set[str] = field(default_factory=set)
+    preemptions: int = 0
+
+    def reasons(self) -> set[WaitReason]:
+        """Every reason a wait was held by (its own or, behind the head, the head's)."""
+        seen = set()
+        for timeline in self.timelines.values():
+            for seg in timeline.segments:
+                if seg.phase is Phase.WAITING:
+                    seen.add(seg.reason)
+                    seen.update(share.reason for share in seg.held_by)
+        return seen
+
+
+def run(arrivals: list[Arrival], limits: Limits = Limits()) -> Run:
+    clock = Clock()
+    longest = max(a.prompt + a.output for a in arrivals)
+    config = EngineConfig(
+        model="none",
+        block_size=BLOCK,
+        max_num_seqs=limits.max_num_seqs,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        memory_reserve=limits.memory_reserve,
+        max_waiting=len(arrivals) + 1,
+    )
+    engine_limits = EngineLimits(
+        block_size=BLOCK,
+        num_kv_blocks=limits.num_kv_blocks,
+        max_model_len=longest + 1,
+        max_num_seqs=limits.max_num_seqs,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+    )
+    policy = {
+        "name": "continuous",
+        "params": {"max_prefill_tokens": limits.max_prefill_tokens, "max_wait_s": None},
+    }
+    engine = LLMEngine(
+        config,
+        CostRunner(clock),
+        engine_limits,
+        vocab_size=1000,
+        clock=clock,
+        policy=policy,
+        timelines_kept=len(arrivals),
+    )
+    rng = random.Random(7)
+    pending = sorted(enumerate(arrivals), key=lambda ia: ia[1].step)
+    aborts: dict[int, list[str]] = {}
+    result = Run({}, {})
+    step = 0
+    while pending or engine.has_unfinished_requests():
+        while pending and pending[0][1].step <= step:
+            i, arrival = pending.pop(0)
+            tokens = [rng.randrange(1000) for _ in range(arrival.prompt)]
+            params = SamplingParams(max_tokens=arrival.output, ignore_eos=True)
+            engine.add_requests([QueuedPrompt(tokens, params, f"r{i}")], clock.now)
+            if arrival.abort_after is not None:
+                aborts.setdefault(step + arrival.abort_after, []).append(f"r{i}")
+        for request_id in aborts.pop(step, []):
+            if engine.abort(request_id).result():
+                result.aborted.add(request_id)
+        for output in engine.step():
+            if output.finished:
+                result.metrics[output.request_id] = output.metrics
+        clock.now += 0.0001  # the loop's own time between steps
+        step += 1
+        assert step < 100_000
+    for request_id in result.metrics:
+        timeline = engine.timelines.timeline(request_id, clock.now)
+        assert timeline is not None and timeline.finished
+        result.timelines[request_id] = timeline
+    result.preemptions = engine.stats.preemptions
+    return result
+
+
+def check_timeline(timeline: RequestTimeline, metrics: RequestMetrics) -> None:
+    segments = timeline.segments
+    assert segments, timeline
+    assert segments[0].start == metrics.arrival_time
+    assert segments[-1].end == metrics.finish_time
+    for before, after in itertools.pairwise(segments):
+        assert before.end == after.start, timeline  # no gap, no overlap
+    for seg in segments:
+        assert seg.end is not None and seg.end > seg.start, timeline
+        if seg.phase is Phase.WAITING:
+            assert seg.reason is not None
+            assert abs(sum(s.seconds for s in seg.held_by) - (seg.end - seg.start)) < 1e-9
+        if seg.phase is Phase.PREFILL:
+            assert all(chunk > 0 for chunk in seg.chunks), timeline
+    kinds = [event.kind for event in timeline.events]
+    assert kinds[0] is EventKind.ARRIVED and kinds[-1] is EventKind.FINISHED
+    ttft = metrics.ttft
+    if ttft is None:
+        assert EventKind.FIRST_TOKEN not in kinds
+        assert all(seg.phase is not Phase.DECODE for seg in segments)
+        return
+    first_token = metrics.first_token_time
+    assert [e.time for e in timeline.events if e.kind is EventKind.FIRST_TOKEN] == [first_token]
+    before = [seg for seg in segments if seg.end is not None and seg.end <= first_token]
+    assert all(seg.phase is not Phase.DECODE for seg in before)
+    waited = sum(s.end - s.start for s in before if s.phase is Phase.WAITING and s.end)
+    prefill = sum(s.end - s.start for s in before if s.phase is Phase.PREFILL and s.end)
+    assert abs(waited + prefill - ttft) < 1e-3
+
+
+def mixed_arrivals(n: int, seed: int) -> list[Arrival]:
+    rng = random.Random(seed)
+    out, step = [], 0
+    for i in range(n):
+        step += rng.choice((0, 0, 1, 2, 5))
+        abort = rng.choice((3, 12)) if i % 9 == 4 else None
+        out.append(Arrival(step, rng.randint(8, 72), rng.randint(1, 24), abort))
+    return out
+
+
+def test_every_timeline_covers_arrival_to_end_and_sums_to_its_ttft():
+    result = run(mixed_arrivals(60, seed=1))
+    assert len(result.timelines) == 60
+    for request_id, timeline in result.timelines.items():
+        check_timeline(timeline, result.metrics[request_id])
+    # the run exercised what the invariants are about
+    assert result.preemptions > 0 and result.aborted
+    assert set(OWN_REASONS) | {WaitReason.BEHIND_QUEUE} <= result.reasons()
+    events = [e for t in result.timelines.values() for e in t.events]
+    assert any(e.kind is EventKind.PREEMPTED and e.cause is PreemptCause.MEMORY for e in events)
+    assert any(e.kind is EventKind.RESUMED for e in events)
+    assert {e.finish_reason for e in events if e.kind is EventKind.FINISHED} == {"length", "abort"}
+    resumed = [
+        seg for t in result.timelines.values() for seg in t.segments if seg.phase is Phase.PREFILL
+    ]
+    assert any(seg.resumed for seg in resumed) and any(len(seg.chunks) > 1 for seg in resumed)
+
+
+def test_each_reason_carries_its_figures():
+    result = run(mixed_arrivals(60, seed=1))
+    limits = Limits()
+    figures = {
+        seg.reason: seg.first
+        for t in result.timelines.values()
+        for seg in t.segments
+        if seg.phase is Phase.WAITING and seg.reason in OWN_REASONS
+    }
+    kv = figures[WaitReason.KV_BLOCKS_SHORT]
+    assert kv is not None and isinstance(kv.figures, BlocksShort)
+    assert kv.figures.needed is None or kv.figures.needed > kv.figures.free
+    seqs = figures[WaitReason.MAX_NUM_SEQS]
+    assert seqs is not None and seqs.figures == SeqsFull(limits.max_num_seqs, limits.max_num_seqs)
+    budget = figures[WaitReason.PROMPT_BUDGET_SPENT]
+    assert budget is not None and isinstance(budget.figures, TokenBudget)
+    assert budget.figures.left <= 0
+    behind = [
+        seg
+        for t in result.timelines.values()
+        for seg in t.segments
+        if seg.reason is WaitReason.BEHIND_QUEUE
+    ]
+    assert behind and all(seg.ahead is not None and seg.ahead > 0 for seg in behind)
+    assert all(seg.first is not None and seg.first.reason in OWN_REASONS for seg in behind)
+
+
+def test_a_request_aborted_while_waiting_ends_in_its_wait():
+    arrivals = [Arrival(0, 64, 24), Arrival(0, 64, 24), *[Arrival(0, 40, 4, 2)] * 6]
+    result = run(arrivals, Limits(max_num_seqs=1))
+    for request_id in result.aborted:
+        timeline = result.timelines[request_id]
+        check_timeline(timeline, result.metrics[request_id])
+        assert [s.phase for s in timeline.segments] == [Phase.WAITING] * len(timeline.segments)
+
+
+def test_timelines_are_bounded_and_unknown_ids_read_none():
+    clock = Clock()
+    config = EngineConfig(model="none", block_size=BLOCK)
+    limits = EngineLimits(BLOCK, 64, 128, 8, 256)
+    engine = LLMEngine(
+        config, CostRunner(clock), limits, vocab_size=100, clock=clock, timelines_kept=3
+    )
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    for i in range(6):
+        engine.add_request([1, 2, 3, i], params, f"r{i}")
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert [engine.timeline(f"r{i}") is not None for i in range(6)] == [False] * 3 + [True] * 3
+    assert engine.timeline("nobody") is None
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(4, 72), st.integers(1, 16)),
+        min_size=4,
+        max_size=16,
+    )
+)
+def test_removing_the_named_constraint_removes_its_reason(spec):
+    arrivals, step = [], 0
+    for gap, prompt, output in spec:
+        step += gap
+        arrivals.append(Arrival(step, prompt, output))
+    seen = run(arrivals).reasons()
+    total = sum(a.prompt + a.output for a in arrivals)
+    roomy = {
+        WaitReason.KV_BLOCKS_SHORT: Limits(num_kv_blocks=total // BLOCK + len(arrivals) + 8),
+        WaitReason.MAX_NUM_SEQS: Limits(max_num_seqs=len(arrivals) + 1),
+        WaitReason.PROMPT_BUDGET_SPENT: Limits(
+            max_num_batched_tokens=total + 1, max_prefill_tokens=None
+        ),
+    }
+    for reason, limits in roomy.items():
+        if reason in seen:
+            assert reason not in run(arrivals, limits).reasons(), reason
