@@ -18,8 +18,9 @@ they hold no text.
 
 from __future__ import annotations
 
+import bisect
 import enum
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -197,13 +198,23 @@ class RequestTimeline:
 
 
 class _Epoch:
-    """A stretch during which the queue's head was held by one reason."""
+    """A stretch during which the queue's head was held by one reason; ``before``: the
+    seconds of every earlier epoch by reason (so a wait's shares are two look-ups)."""
 
-    __slots__ = ("end", "first", "last", "start")
+    __slots__ = ("before", "end", "first", "last", "start")
 
-    def __init__(self, start: float, hold: Hold) -> None:
+    def __init__(self, start: float, hold: Hold, before: dict[WaitReason, float]) -> None:
         self.start, self.end = start, float("inf")
         self.first = self.last = hold
+        self.before = before
+
+    def until(self, t: float) -> dict[WaitReason, float]:
+        """Seconds by reason of the epochs up to ``t`` (within or after this one)."""
+        upto = dict(self.before)
+        if (held := min(t, self.end) - self.start) > 0:
+            reason = self.first.reason
+            upto[reason] = upto.get(reason, 0.0) + held
+        return upto
 
 
 class _Track:
@@ -259,7 +270,9 @@ class TimelineRecorder:
         self._prefilling: dict[str, _Track] = {}
         """Admitted tracks whose prompt (or recompute) is not done."""
         self._head: _Track | None = None
-        self._epochs: deque[_Epoch] = deque()
+        self._epochs: list[_Epoch] = []
+        self._starts: list[float] = []
+        """Each epoch's start (for bisect)."""
         """What held the head, oldest first; the last one lasts (``end`` inf) while held."""
         self._trim_at = _EPOCHS_BEFORE_TRIM
         self._step_start = 0.0
@@ -462,18 +475,17 @@ class TimelineRecorder:
             end = self._step_start if self._step_start > start else start
         if reason is not WaitReason.BEHIND_QUEUE:
             return (HeldShare(reason, end - start),)
-        by: dict[WaitReason, float] = {}
-        covered = 0.0
-        for epoch in self._epochs:
-            low, high = max(start, epoch.start), min(end, epoch.end)
-            if high > low:
-                by[epoch.first.reason] = by.get(epoch.first.reason, 0.0) + high - low
-                covered += high - low
-        if end - start - covered > 1e-12:
-            by[WaitReason.BEHIND_QUEUE] = (
-                by.get(WaitReason.BEHIND_QUEUE, 0.0) + end - start - covered
-            )
-        return tuple(HeldShare(r, s) for r, s in by.items())
+        upto_end, upto_start = self._until(end), self._until(start)
+        by = {r: held - upto_start.get(r, 0.0) for r, held in upto_end.items()}
+        by = {r: held for r, held in by.items() if held > 1e-12}
+        if (rest := end - start - sum(by.values())) > 1e-12:
+            by[WaitReason.BEHIND_QUEUE] = by.get(WaitReason.BEHIND_QUEUE, 0.0) + rest
+        return tuple(HeldShare(r, held) for r, held in by.items())
+
+    def _until(self, t: float) -> dict[WaitReason, float]:
+        """Seconds by what held the head, from the first epoch kept up to ``t``."""
+        i = bisect.bisect_right(self._starts, t) - 1
+        return self._epochs[i].until(t) if i >= 0 else {}
 
     def _held(self, now: float, hold: Hold | None) -> None:
         """The head's hold at this step: the current epoch goes on or a new one starts."""
@@ -485,7 +497,9 @@ class TimelineRecorder:
                 return
             current.end = now
         if hold is not None:
-            epochs.append(_Epoch(now, hold))
+            before = epochs[-1].until(now) if epochs else {}
+            epochs.append(_Epoch(now, hold, before))
+            self._starts.append(now)
             if len(epochs) > self._trim_at:
                 self._trim()
 
@@ -496,8 +510,9 @@ class TimelineRecorder:
             default=float("inf"),
         )
         epochs = self._epochs
-        while len(epochs) > 1 and epochs[0].end <= oldest:
-            epochs.popleft()
+        drop = bisect.bisect_right(self._starts, oldest) - 1
+        if drop > 0:  # the epoch holding ``oldest`` stays
+            del epochs[:drop], self._starts[:drop]
         self._trim_at = max(_EPOCHS_BEFORE_TRIM, 2 * len(epochs))
 
     def _frozen(self, track: _Track, now: float, finished: bool) -> RequestTimeline:
