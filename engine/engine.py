@@ -338,6 +338,8 @@ class LLMEngine:
                 outputs.append(RequestOutput.of(seq, [token], None, siblings))
         if forked:
             self.policy.adopt(forked)
+            for child in forked:
+                self.timelines.forked(child)
         blocks = self.blocks  # after the step's writes, before finished requests leave
         batch.kv_held_slots = blocks.num_used * blocks.block_size  # as KVStats.held_slots
         batch.kv_live_tokens = blocks.live_tokens

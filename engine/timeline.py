@@ -19,6 +19,7 @@ they hold no text.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import enum
 from collections import OrderedDict
 from collections.abc import Callable
@@ -175,7 +176,9 @@ class TimelineEvent:
 
 @dataclass(frozen=True, slots=True)
 class RequestTimeline:
-    """A request's timeline as of when it was read (no prompt or output text)."""
+    """A request's timeline as of when it was read (no prompt or output text). A request
+    asking for ``n`` > 1 choices forks the others off its first sequence at its first token:
+    ``forks`` are theirs (their segments up to the fork are the first sequence's)."""
 
     seq_id: str
     request_id: str
@@ -183,6 +186,7 @@ class RequestTimeline:
     segments: tuple[Segment, ...]
     events: tuple[TimelineEvent, ...]
     finished: bool
+    forks: tuple[RequestTimeline, ...] = ()
 
     def waited(self, before: float | None = None) -> dict[WaitReason, float]:
         """Seconds waited by what held the queue's head (closed segments, up to ``before``)."""
@@ -226,6 +230,7 @@ class _Track:
         "events",
         "first",
         "first_token",
+        "forks",
         "last",
         "length",
         "mark",
@@ -252,6 +257,7 @@ class _Track:
         self.mark = 0
         self.length = 0
         self.first_token = False
+        self.forks: list[str] = []
 
 
 Ahead = Callable[[list[Sequence]], list[int]]
@@ -264,11 +270,14 @@ class TimelineRecorder:
     def __init__(self, kept: int = DEFAULT_TIMELINES_KEPT) -> None:
         self.kept = kept
         self._live: dict[str, _Track] = {}
-        self._finished: OrderedDict[str, RequestTimeline] = OrderedDict()
+        self._finished: OrderedDict[str, tuple[RequestTimeline, list[str]]] = OrderedDict()
+        """Finished timelines, oldest first, each with its forks' ids."""
         self._undecided: list[_Track] = []
         """Waiting tracks not yet seen by a step (arrived, preempted, put back)."""
         self._prefilling: dict[str, _Track] = {}
         """Admitted tracks whose prompt (or recompute) is not done."""
+        self._forked: list[_Track] = []
+        """Forks made in this step: they prefill from the next one."""
         self._head: _Track | None = None
         self._epochs: list[_Epoch] = []
         self._starts: list[float] = []
@@ -332,8 +341,14 @@ class TimelineRecorder:
 
     def ran(self, paused: Hold | None) -> None:
         """The step's tokens are in: each prefill's chunk, its first token, or its pause."""
-        if not self._prefilling:
-            return
+        if self._prefilling:
+            self._ran(paused)
+        if self._forked:
+            for track in self._forked:
+                self._prefilling[track.seq.seq_id] = track
+            self._forked.clear()
+
+    def _ran(self, paused: Hold | None) -> None:
         start = self._step_start
         done: list[str] = []
         for seq_id, track in self._prefilling.items():
@@ -364,6 +379,26 @@ class TimelineRecorder:
         for seq_id in done:
             del self._prefilling[seq_id]
 
+    def forked(self, child: Sequence) -> None:
+        """``child`` was forked off its request's first sequence at that one's first token:
+        its timeline is the first one's until then."""
+        parent = self._live.get(child.request_id)
+        if parent is None:
+            return
+        now = parent.seq.token_times[-1] if parent.seq.token_times else self._step_start
+        track = _Track(child, parent.start)
+        track.segments = list(parent.segments)
+        track.events = list(parent.events)
+        track.phase, track.chunks, track.resumed = parent.phase, list(parent.chunks), parent.resumed
+        if parent.phase is Phase.PREFILL and parent.seq.num_computed_tokens > parent.mark:
+            track.chunks.append(parent.seq.num_computed_tokens - parent.mark)  # its last chunk
+        self._close(track, now)
+        track.phase, track.start, track.reason = Phase.PREFILL, now, None
+        track.mark, track.length = child.num_computed_tokens, len(child.token_ids)
+        self._live[child.seq_id] = track
+        self._forked.append(track)
+        parent.forks.append(child.seq_id)
+
     def put_back(self, seq: Sequence) -> None:
         """``seq``'s admission was undone (a failed step): it waits again from the step's start."""
         if (track := self._live.get(seq.seq_id)) is not None and track.phase is not Phase.WAITING:
@@ -386,7 +421,7 @@ class TimelineRecorder:
         self._close(track, now)
         track.events.append(TimelineEvent(EventKind.FINISHED, now, None, seq.finish_reason))
         if self.kept > 0:
-            self._finished[seq.seq_id] = self._frozen(track, now, finished=True)
+            self._finished[seq.seq_id] = (self._frozen(track, now, finished=True), track.forks)
             while len(self._finished) > self.kept:
                 self._finished.popitem(last=False)
 
@@ -394,10 +429,17 @@ class TimelineRecorder:
 
     def timeline(self, seq_id: str, now: float) -> RequestTimeline | None:
         """A live request's timeline as of ``now``, or a kept finished one's (None: unknown
-        or no longer kept)."""
+        or no longer kept), with its forks' (those still kept)."""
         if (track := self._live.get(seq_id)) is not None:
-            return self._frozen(track, now, finished=False)
-        return self._finished.get(seq_id)
+            found, forks = self._frozen(track, now, finished=False), track.forks
+        elif (kept := self._finished.get(seq_id)) is not None:
+            found, forks = kept
+        else:
+            return None
+        if not forks:
+            return found
+        children = (self.timeline(fork, now) for fork in forks)
+        return dataclasses.replace(found, forks=tuple(c for c in children if c is not None))
 
     def current(self, seq_id: str) -> Segment | None:
         """A live request's open segment (None: unknown or finished)."""

@@ -38,7 +38,7 @@ from engine.kv_cache import BlockManager
 from engine.kv_step import StepChanges
 from engine.sequence import NO_BLOCKS, Sequence, SequenceStatus
 from engine.tenants import TenantLedger
-from engine.timeline import PreemptCause
+from engine.timeline import BlocksShort, Hold, PreemptCause, QueueHead, WaitReason
 from policies.discipline import Fcfs, QueueDiscipline, SortKey
 from policies.json_types import JsonNumberOrNull
 from policies.snapshot import PolicySnapshot
@@ -141,6 +141,8 @@ MaxBatchedTokens = Field(
 class SchedulingPolicy(ABC):
     name: ClassVar[str]
     params_model: ClassVar[type[PolicyParams]]
+    admits_in_queue_order: ClassVar[bool] = True
+    """Under fcfs the policy admits in its waiting queue's order (aging aside)."""
 
     def __init__(
         self,
@@ -161,7 +163,7 @@ class SchedulingPolicy(ABC):
         self.num_preemptions = 0
         self._changes: StepChanges | None = None
         self._admitted: list[Sequence] = []
-        self._head: tuple[int, Sequence | None] | None = None
+        self._head: tuple[int, int, Sequence | None] | None = None
         """The queue's head in admission order, with the queue's version it was found at."""
 
     # -- the interface ------------------------------------------------------------------
@@ -277,10 +279,9 @@ class SchedulingPolicy(ABC):
         """How many waiting sequences are ahead of each of ``seqs`` (waiting ones) in the
         admission order. Called when sequences start waiting behind others (not per step):
         the queue's own order under fcfs, one pass over the discipline's order otherwise."""
-        waiting = self.waiting
-        if isinstance(self.discipline, Fcfs):
-            return [_index(waiting, s) for s in seqs]
-        order = {id(s): i for i, s in enumerate(self._admission_order(waiting))}
+        if self.admits_in_queue_order and isinstance(self.discipline, Fcfs):
+            return [_index(self.waiting, s) for s in seqs]
+        order = {id(s): i for i, s in enumerate(self._first_order())}
         return [order.get(id(s), 0) for s in seqs]
 
     # -- shared mechanics ---------------------------------------------------------------
@@ -289,9 +290,32 @@ class SchedulingPolicy(ABC):
         """The waiting sequence first in admission order, found again only when the queue
         changed (aging's promotions and the fair counters show at the queue's next change)."""
         waiting = self.waiting
-        if self._head is None or self._head[0] != waiting.version:
-            self._head = (waiting.version, next(self._admission_order(waiting), None))
-        return self._head[1]
+        cached = self._head
+        if cached is None or cached[:2] != (id(waiting), waiting.version):
+            cached = self._head = (id(waiting), waiting.version, next(self._first_order(), None))
+        return cached[2]
+
+    def _first_order(self) -> Iterator[Sequence]:
+        """The waiting sequences in the order the policy admits them (its head first)."""
+        return self._admission_order(self.waiting)
+
+    def _report(self, batch: ScheduledBatch, hold: Hold) -> None:
+        """No admission pass named the head: the queue's head waits for ``hold``."""
+        if batch.waiting_on is None and (head := self._queue_head()) is not None:
+            batch.waiting_on = QueueHead(head, hold)
+
+    @staticmethod
+    def _refuse(batch: ScheduledBatch, seq: Sequence, hold: Hold) -> None:
+        """The admission pass refused ``seq`` for ``hold`` (the first refusal names the head)."""
+        if batch.waiting_on is None:
+            batch.waiting_on = QueueHead(seq, hold)
+
+    def _short(self, hits: list[int], seq: Sequence, num_tokens: int | None = None) -> Hold:
+        """KV blocks short for admitting ``num_tokens`` of ``seq`` (default: all of them)."""
+        blocks = self.blocks
+        needed = blocks.blocks_to_admit(hits, seq.num_tokens if num_tokens is None else num_tokens)
+        figures = BlocksShort(needed, blocks.admissible, blocks.reserved)
+        return Hold(WaitReason.KV_BLOCKS_SHORT, figures)
 
     def _overdue(self, seqs: Iterable[Sequence]) -> list[Sequence]:
         """Sequences among ``seqs`` that waited past ``max_wait_s`` since arrival, oldest

@@ -30,7 +30,6 @@ from engine.timeline import (
     BlocksShort,
     Hold,
     PreemptCause,
-    QueueHead,
     SeqsFull,
     TokenBudget,
     WaitReason,
@@ -139,7 +138,7 @@ class ContinuousPolicy(SchedulingPolicy):
         for seq in prefills:
             room -= self._continue(batch, seq, room)
         if room <= 0 and prefills:
-            batch.paused = Hold(WaitReason.PROMPT_BUDGET_SPENT, TokenBudget(0, self._prompt_budget))
+            batch.paused = self._spent(room)
         displaced = None
         if self.discipline.preempts and self.waiting and not batch.preempted:
             displaced = self._displace(batch)
@@ -149,19 +148,21 @@ class ContinuousPolicy(SchedulingPolicy):
                 if used is None:
                     break
                 room -= used
-        elif self.waiting and (head := self._queue_head()) is not None:
-            batch.waiting_on = QueueHead(head, displaced or self._held(batch, room))
+        elif self.waiting:
+            self._report(batch, displaced or self._held(batch, room))
         return batch
 
     def _held(self, batch: ScheduledBatch, room: int) -> Hold:
         """What kept the step from admitting anyone: a preemption for want of blocks (no
         admission follows it in the same step), the sequence cap, or the spent budget."""
-        if batch.preempted:
-            blocks = self.blocks
-            return Hold(
-                WaitReason.KV_BLOCKS_SHORT, BlocksShort(None, blocks.admissible, blocks.reserved)
-            )
-        return self._refused(room)
+        return self._dry() if batch.preempted else self._refused(room)
+
+    def _dry(self) -> Hold:
+        """The pool had no block for a running sequence's next tokens."""
+        blocks = self.blocks
+        return Hold(
+            WaitReason.KV_BLOCKS_SHORT, BlocksShort(None, blocks.admissible, blocks.reserved)
+        )
 
     def _refused(self, room: int) -> Hold:
         """The cap or the budget that refuses the next admission (``_may_admit``'s checks)."""
@@ -170,6 +171,10 @@ class ContinuousPolicy(SchedulingPolicy):
             return Hold(WaitReason.DRAINING_CAP, SeqsFull(running, cap))
         if running >= cap:
             return Hold(WaitReason.MAX_NUM_SEQS, SeqsFull(running, cap))
+        return self._spent(room)
+
+    def _spent(self, room: int) -> Hold:
+        """The step's prompt tokens are spent: ``room`` left of ``_prompt_budget``."""
         return Hold(WaitReason.PROMPT_BUDGET_SPENT, TokenBudget(room, self._prompt_budget))
 
     def _displace(self, batch: ScheduledBatch) -> Hold | None:
@@ -188,14 +193,6 @@ class ContinuousPolicy(SchedulingPolicy):
         hold = self._refused(1) if full else self._short(hits, head)
         self._preempt(self.discipline.victim(below), batch, PreemptCause.PRIORITY)
         return hold
-
-    def _short(self, hits: list[int], seq: Sequence, num_tokens: int | None = None) -> Hold:
-        """KV blocks short for admitting ``num_tokens`` of ``seq`` (default: all of them)."""
-        blocks = self.blocks
-        needed = blocks.blocks_to_admit(hits, seq.num_tokens if num_tokens is None else num_tokens)
-        return Hold(
-            WaitReason.KV_BLOCKS_SHORT, BlocksShort(needed, blocks.admissible, blocks.reserved)
-        )
 
     def _prefill_room(self, budget: int) -> int:
         """Prefill tokens the step may still take once its decodes are scheduled with
@@ -237,7 +234,7 @@ class ContinuousPolicy(SchedulingPolicy):
     def _try_admit(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int | None:
         """Admit a waiting sequence with its first chunk; None when it does not fit now."""
         if budget <= 0 or len(self.running) >= self.max_num_seqs:
-            batch.waiting_on = QueueHead(seq, self._refused(budget))
+            self._refuse(batch, seq, self._refused(budget))
             return None
         hits = self._prefix_hits(seq)
         cached = len(hits) * self.blocks.block_size
@@ -246,11 +243,11 @@ class ContinuousPolicy(SchedulingPolicy):
         if num_new < remaining and not self.params.enable_chunked_prefill:
             if batch.entries or remaining <= self.token_budget:
                 figures = TokenBudget(budget, self._prompt_budget, remaining)
-                batch.waiting_on = QueueHead(seq, Hold(WaitReason.PROMPT_BUDGET_SPENT, figures))
+                self._refuse(batch, seq, Hold(WaitReason.PROMPT_BUDGET_SPENT, figures))
                 return None
             num_new = remaining  # a prompt over the whole budget runs alone, unchunked
         if not self.blocks.can_admit(hits, cached + num_new):
-            batch.waiting_on = QueueHead(seq, self._short(hits, seq, cached + num_new))
+            self._refuse(batch, seq, self._short(hits, seq, cached + num_new))
             return None
         self.waiting.remove(seq)
         self._admit(seq, cached + num_new, hits)

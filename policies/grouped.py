@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 from abc import abstractmethod
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from pydantic import Field
 
@@ -22,7 +22,7 @@ from engine.batch import ScheduledBatch
 from engine.config import EngineLimits
 from engine.kv_cache import BlockManager
 from engine.sequence import Sequence, SequenceStatus
-from engine.timeline import PreemptCause
+from engine.timeline import Hold, PreemptCause, QueueHead, SeqsFull, TokenBudget, WaitReason
 from policies.base import PolicyParams, SchedulingPolicy
 from policies.discipline import QueueDiscipline
 from policies.snapshot import PolicySnapshot
@@ -44,6 +44,8 @@ class GroupParams(PolicyParams):
 
 
 class PaddedGroupPolicy(SchedulingPolicy):
+    admits_in_queue_order = False  # the queued groups first
+
     def __init__(
         self,
         params: GroupParams,
@@ -58,6 +60,8 @@ class PaddedGroupPolicy(SchedulingPolicy):
         self.max_batch_size = min(params.max_batch_size, limits.max_num_seqs)
         self.token_budget = limits.max_num_batched_tokens
         self.groups_started = 0
+        self._blocked: QueueHead | None = None
+        """The row of the next group that found too few blocks in this step (if any)."""
 
     @abstractmethod
     def _form_groups(self) -> list[list[Sequence]]:
@@ -74,6 +78,7 @@ class PaddedGroupPolicy(SchedulingPolicy):
 
     def _plan(self) -> ScheduledBatch:
         batch = ScheduledBatch(mode=self.name)
+        self._blocked = None
         if not self.running:
             self._end_group()
             self._start_next_group()
@@ -88,7 +93,24 @@ class PaddedGroupPolicy(SchedulingPolicy):
                     self._schedule(batch, seq, 0, 1)
                 elif seq.status is SequenceStatus.RUNNING and self._reserve_slots(seq, 1, batch):
                     self._schedule(batch, seq, 1)
+        if self._blocked is not None:
+            batch.waiting_on = self._blocked
+        elif self.running:
+            self._report(batch, Hold(WaitReason.GROUP_RUNNING, self._group_figures()))
         return batch
+
+    def _group_figures(self) -> SeqsFull:
+        """The group in flight: its rows still running, against ``max_batch_size``."""
+        return SeqsFull(len(self.running), self.max_batch_size)
+
+    def _queue_head(self) -> Sequence | None:
+        for group in self.queued_groups:
+            if group:
+                return group[0]
+        return super()._queue_head()
+
+    def _first_order(self) -> Iterator[Sequence]:
+        return itertools.chain(self.live_queued(), super()._first_order())
 
     def on_step_done(self, batch: ScheduledBatch, finished: list[Sequence]) -> None:
         """Finished rows stay in the group, blocks held, until its longest row is done."""
@@ -186,6 +208,8 @@ class PaddedGroupPolicy(SchedulingPolicy):
                 continue
             cost = padded_len - seq.num_computed_tokens
             if batch.entries and cost > budget:
+                figures = TokenBudget(budget, self.token_budget, cost)
+                batch.paused = Hold(WaitReason.PROMPT_BUDGET_SPENT, figures)
                 break
             pads = padded_len - seq.num_tokens
             if not self.changes.grow(seq.seq_id, seq.num_tokens, padded_len):
@@ -240,6 +264,7 @@ class PaddedGroupPolicy(SchedulingPolicy):
             fallbacks = [hold] if taken else [hold, padded_len, seq.num_tokens]
             fit = next((h for h in fallbacks if self.blocks.can_admit(hits, h)), None)
             if fit is None:
+                self._blocked = QueueHead(seq, self._short(hits, seq, fallbacks[-1]))
                 break
             self._admit(seq, fit, hits)
             taken.append(seq)

@@ -12,11 +12,13 @@ alone, a request's prefill never shares a step with a decode, so only the token 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 
 from pydantic import Field
 
 from engine.batch import ScheduledBatch
 from engine.sequence import Sequence, SequenceStatus
+from engine.timeline import Hold, SeqsFull, WaitReason
 from policies.continuous import ContinuousParams, ContinuousPolicy
 from policies.json_types import JsonInt
 
@@ -33,6 +35,7 @@ class HybridParams(ContinuousParams):
 class HybridPolicy(ContinuousPolicy):
     name = "hybrid"
     params_model = HybridParams
+    admits_in_queue_order = False  # by length bucket, or by arrival when single
     params: HybridParams
 
     @property
@@ -48,20 +51,29 @@ class HybridPolicy(ContinuousPolicy):
         for seq in [s for s in self.running if len(s.token_ids) - s.num_computed_tokens <= 1]:
             budget -= self._continue(batch, seq, budget)
         if batch.preempted:
+            self._report(batch, self._held(batch, budget))
             return batch
         budget = self._prefill_room(budget)  # the step's prefills, running and admitted
+        self._prompt_budget = budget
         running_prefills = [s for s in self.running if len(s.token_ids) - s.num_computed_tokens > 1]
         if budget <= 0 or not (running_prefills or self._may_admit(budget)):
+            if running_prefills:
+                batch.paused = self._spent(budget)
+            self._report(batch, self._refused(budget))
             return batch  # nothing below could run or be admitted: skip sorting the queue
         running_prefills.sort(key=self._bucket)
         if self.discipline.preempts and self.waiting:
-            self._displace(batch)
+            displaced = self._displace(batch)
             if batch.preempted:
+                self._report(batch, displaced or self._held(batch, budget))
                 return batch
         admitting = self._admission_order(self.waiting, self._bucket)
         for seq in itertools.chain(running_prefills, admitting):
             if seq.status is SequenceStatus.RUNNING:
-                budget -= self._continue(batch, seq, budget, may_preempt=False)
+                took = self._continue(batch, seq, budget, may_preempt=False)
+                if not took:  # no budget left, or no block to grow into
+                    batch.paused = self._spent(budget) if budget <= 0 else self._dry()
+                budget -= took
                 continue
             used = self._try_admit(batch, seq, budget)
             if used is None:
@@ -81,14 +93,18 @@ class HybridPolicy(ContinuousPolicy):
         first, and nobody is admitted until none is left (a newcomer would take blocks while
         they hold theirs, and a dry pool preempts)."""
         batch = ScheduledBatch(mode="hybrid-single")
+        alone = Hold(WaitReason.HYBRID_SINGLE, SeqsFull(len(self.running), 1))
         if self.running and self.discipline.preempts and self.waiting:
-            self._displace(batch)  # the one running gives way to a lower priority value
+            displaced = self._displace(batch)  # the one running gives way to a lower priority
             if batch.preempted:
+                self._report(batch, displaced or alone)
                 return batch
         if self.running:
             for seq in sorted(self.running, key=lambda s: s.arrival_time):
                 if self._continue(batch, seq, self.token_budget):
                     break
+            batch.paused = alone
+            self._report(batch, alone)
             return batch
         overdue = set(self._overdue(self.waiting))
         admitting = True  # an overdue sequence that does not fit blocks newer admissions
@@ -99,7 +115,13 @@ class HybridPolicy(ContinuousPolicy):
             admitting = used is not None or seq not in overdue
             if used:
                 break
+        self._report(batch, Hold(WaitReason.HYBRID_SINGLE, SeqsFull(1, 1)))
         return batch
+
+    def _first_order(self) -> Iterator[Sequence]:
+        if self.single_mode:
+            return self._admission_order(self.waiting, _arrival)
+        return self._admission_order(self.waiting, self._bucket)
 
     @property
     def running_cap(self) -> int:

@@ -12,6 +12,7 @@ import itertools
 import random
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +25,7 @@ from engine.sampling_params import SamplingParams
 from engine.timeline import (
     BlocksShort,
     EventKind,
+    Hold,
     Phase,
     PreemptCause,
     RequestTimeline,
@@ -31,6 +33,7 @@ from engine.timeline import (
     TokenBudget,
     WaitReason,
 )
+from policies.queue import FairQueue, FcfsQueue, PriorityQueue, QueueSpec
 
 BLOCK = 16
 OWN_REASONS = (
@@ -69,6 +72,8 @@ class Arrival:
     output: int
     abort_after: int | None = None
     """Abort it this many steps after it arrived (None: it runs to its end)."""
+    priority: int = 0
+    tenant: str = "default"
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,19 @@ class Run:
         return seen
 
 
-def run(arrivals: list[Arrival], limits: Limits = Limits()) -> Run:
+def policy_spec(name: str, limits: Limits) -> dict[str, object]:
+    if name in ("static", "dynamic"):
+        return {"name": name, "params": {"max_batch_size": limits.max_num_seqs}}
+    params = {"max_prefill_tokens": limits.max_prefill_tokens, "max_wait_s": None}
+    return {"name": name, "params": params}
+
+
+def run(
+    arrivals: list[Arrival],
+    limits: Limits = Limits(),
+    policy: str = "continuous",
+    queue: QueueSpec | None = None,
+) -> Run:
     clock = Clock()
     longest = max(a.prompt + a.output for a in arrivals)
     config = EngineConfig(
@@ -116,17 +133,14 @@ def run(arrivals: list[Arrival], limits: Limits = Limits()) -> Run:
         max_num_seqs=limits.max_num_seqs,
         max_num_batched_tokens=limits.max_num_batched_tokens,
     )
-    policy = {
-        "name": "continuous",
-        "params": {"max_prefill_tokens": limits.max_prefill_tokens, "max_wait_s": None},
-    }
     engine = LLMEngine(
         config,
         CostRunner(clock),
         engine_limits,
         vocab_size=1000,
         clock=clock,
-        policy=policy,
+        policy=policy_spec(policy, limits),
+        queue=queue,
         timelines_kept=len(arrivals),
     )
     rng = random.Random(7)
@@ -139,7 +153,8 @@ def run(arrivals: list[Arrival], limits: Limits = Limits()) -> Run:
             i, arrival = pending.pop(0)
             tokens = [rng.randrange(1000) for _ in range(arrival.prompt)]
             params = SamplingParams(max_tokens=arrival.output, ignore_eos=True)
-            engine.add_requests([QueuedPrompt(tokens, params, f"r{i}")], clock.now)
+            queued = QueuedPrompt(tokens, params, f"r{i}", arrival.priority, arrival.tenant)
+            engine.add_requests([queued], clock.now)
             if arrival.abort_after is not None:
                 aborts.setdefault(step + arrival.abort_after, []).append(f"r{i}")
         for request_id in aborts.pop(step, []):
@@ -195,7 +210,8 @@ def mixed_arrivals(n: int, seed: int) -> list[Arrival]:
     for i in range(n):
         step += rng.choice((0, 0, 1, 2, 5))
         abort = rng.choice((3, 12)) if i % 9 == 4 else None
-        out.append(Arrival(step, rng.randint(8, 72), rng.randint(1, 24), abort))
+        priority, tenant = rng.choice((0, 0, 5)), rng.choice(("a", "b", "b"))
+        out.append(Arrival(step, rng.randint(8, 72), rng.randint(1, 24), abort, priority, tenant))
     return out
 
 
@@ -299,3 +315,62 @@ def test_removing_the_named_constraint_removes_its_reason(spec):
     for reason, limits in roomy.items():
         if reason in seen:
             assert reason not in run(arrivals, limits).reasons(), reason
+
+
+QUEUES: dict[str, QueueSpec] = {
+    "fcfs": FcfsQueue(),
+    "priority": PriorityQueue(preempt=True),
+    "fair": FairQueue(),
+}
+EXPECTED = {
+    "continuous": {WaitReason.KV_BLOCKS_SHORT, WaitReason.MAX_NUM_SEQS},
+    "hybrid": {WaitReason.HYBRID_SINGLE, WaitReason.KV_BLOCKS_SHORT},
+    "static": {WaitReason.GROUP_RUNNING},
+    "dynamic": {WaitReason.GROUP_RUNNING},
+}
+
+
+@pytest.mark.parametrize("queue", QUEUES)
+@pytest.mark.parametrize("policy", EXPECTED)
+def test_every_policy_and_discipline_keeps_the_invariants(policy: str, queue: str):
+    result = run(mixed_arrivals(40, seed=2), policy=policy, queue=QUEUES[queue])
+    assert len(result.timelines) == 40
+    for request_id, timeline in result.timelines.items():
+        check_timeline(timeline, result.metrics[request_id])
+    assert EXPECTED[policy] <= result.reasons(), result.reasons()
+    causes = {e.cause for t in result.timelines.values() for e in t.events if e.cause}
+    if queue == "priority" and policy in ("continuous", "hybrid"):
+        assert PreemptCause.PRIORITY in causes
+
+
+def test_a_burst_under_hybrid_waits_for_the_single_request_first():
+    """Three requests under the depth threshold: one runs alone, the others wait for it."""
+    result = run([Arrival(0, 16, 4)] * 3, Limits(num_kv_blocks=64), policy="hybrid")
+    waits = [seg for t in result.timelines.values() for seg in t.segments if seg.reason is not None]
+    held = {seg.first for seg in waits if seg.reason is WaitReason.HYBRID_SINGLE}
+    assert held == {Hold(WaitReason.HYBRID_SINGLE, SeqsFull(1, 1))}
+
+
+def test_each_fork_of_a_request_of_n_has_its_own_timeline():
+    clock = Clock()
+    limits = EngineLimits(BLOCK, 64, 128, 8, 256)
+    engine = LLMEngine(
+        EngineConfig(model="none", block_size=BLOCK),
+        CostRunner(clock),
+        limits,
+        vocab_size=100,
+        clock=clock,
+    )
+    engine.add_request(list(range(1, 40)), SamplingParams(n=3, max_tokens=3, ignore_eos=True), "r")
+    metrics: dict[str, RequestMetrics] = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                metrics[output.seq_id] = output.metrics
+    timeline = engine.timeline("r")
+    assert timeline is not None
+    assert [fork.seq_id for fork in timeline.forks] == ["r#1", "r#2"]
+    for one in (timeline, *timeline.forks):
+        check_timeline(one, metrics[one.seq_id])
+        assert sum(sum(s.chunks) for s in one.segments if s.phase is Phase.PREFILL) >= 39
+    assert engine.timeline("r#2") == timeline.forks[1]
