@@ -42,6 +42,7 @@ from engine.loop_health import LoopHealth
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.snapshot import EngineSnapshot
+from engine.timeline import RequestTimeline
 
 if TYPE_CHECKING:  # the modules importing ray load once connect() set Ray's environment
     from control.fleet.client import FleetEngine, FleetStream
@@ -237,6 +238,18 @@ class Fleet(EngineService, ReplicaControl):
         if not results:
             raise TimeoutError("no replica is up")
         return merged_integrity(results)
+
+    def timeline(
+        self, seq_id: str, timeout: float | None = REPORT_TIMEOUT_S
+    ) -> RequestTimeline | None:
+        """The request's timeline from the replica that served it (None: no replica knows it);
+        ``TimeoutError`` when no replica answered."""
+        wait = REPORT_TIMEOUT_S if timeout is None else timeout
+        results = self.engine.call_each("timeline", seq_id, timeout=wait)
+        found = [t for t in results.values() if isinstance(t, RequestTimeline)]
+        if not found and results and all(isinstance(r, Exception) for r in results.values()):
+            raise TimeoutError("no replica answered")
+        return found[0] if found else None
 
     def snapshots(self) -> dict[str, EngineSnapshot]:
         return {

@@ -26,6 +26,7 @@ from engine.kv_stats import KVIntegrity, ReclaimResult
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.tenants import DEFAULT_PRIORITY, DEFAULT_TENANT
+from engine.timeline import RequestTimeline
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,9 @@ class EngineReplica:
 
     async def check_kv_integrity(self, replica: str | None = None) -> KVIntegrity:
         return await asyncio.to_thread(self.local.check_kv_integrity, APPLY_WAIT_S)
+
+    async def timeline(self, seq_id: str, replica: str | None = None) -> RequestTimeline | None:
+        return await asyncio.to_thread(self.local.timeline, seq_id)
 
     async def reclaim(self, replica: str | None = None) -> ReclaimResult:
         self.last_reclaim = await asyncio.wrap_future(self.local.reclaim())

@@ -30,6 +30,7 @@ from engine.loop_health import LoopHealth
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.snapshot import EngineSnapshot
+from engine.timeline import RequestTimeline
 
 
 class Awaited(Protocol):
@@ -128,6 +129,9 @@ class LocalEngine(EngineService):
 
     def check_kv_integrity(self, timeout: float) -> KVIntegrity:
         return self._engine.check_kv_integrity().result(timeout)
+
+    def timeline(self, seq_id: str, timeout: float | None = 30.0) -> RequestTimeline | None:
+        return self._engine.timeline(seq_id, timeout)
 
     def loop_health(self) -> LoopHealth:
         return self._loop.loop_health()

@@ -26,6 +26,7 @@ from engine.loop_health import LoopHealth
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.snapshot import EngineSnapshot
+from engine.timeline import RequestTimeline
 
 if TYPE_CHECKING:
     from control.fleet.schemas import ReplicaView, RestartView
@@ -140,6 +141,12 @@ class EngineService(Protocol):
         ...
 
     def check_kv_integrity(self, timeout: float) -> KVIntegrity: ...
+
+    def timeline(self, seq_id: str, timeout: float | None = 30.0) -> RequestTimeline | None:
+        """A request's timeline with its forks' (engine/timeline.py), read at a step boundary;
+        None for an unknown id or a finished one no longer kept (``TimeoutError`` after
+        ``timeout``)."""
+        ...
 
     def loop_health(self) -> LoopHealth:
         """What the stall watchdog reads: cheap, from any thread."""
