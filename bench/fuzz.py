@@ -56,7 +56,12 @@ DOCUMENTED_REFUSALS = {
     "invalid_grammar": "structured_outputs.regex outside Rust's regex syntax (lookaround, "
     "backreferences) or past the parser limits: the grammar library's judgement",
     "conflicting_constraints": "response_format (json_object, json_schema) and a non-empty "
-    "structured_outputs in one request: not stated in the bodies' schemas yet",
+    "structured_outputs in one request, or either with a forced tool call: not stated in the "
+    "bodies' schemas yet",
+    "unknown_function": "a chat tool_choice naming a function none of the request's tools has: "
+    "a relation between two fields that no JSON Schema of them states",
+    "duplicate_function": "chat tools naming one function twice: uniqueness of a key across "
+    "items, which JSON Schema cannot state",
     "schedule_window": "POST /admin/schedules: a 422 naming only cron, cron_seconds, timezone "
     "or until, as value errors: the schema says they are strings; a crontab field's validity "
     "(ordered ranges, per-field bounds, names) is APScheduler's, a zone's is the server's "

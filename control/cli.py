@@ -136,6 +136,7 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
         "--max-replicas", type=int, help="autoscaling ceiling: Ray Serve scales by ongoing requests"
     )
     add("--target-ongoing-requests", type=float, help="autoscaling: requests per replica (8)")
+    from control.chat.tools import TOOL_FORMATS
     from control.core.config import ENGINE_SETTINGS, POLICY_OVERRIDES, Settings
 
     add(
@@ -144,6 +145,11 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
         help=f"{Settings.model_fields['expose_text'].description} (default: off)",
     )
 
+    add(
+        "--tool-call-parser",
+        choices=TOOL_FORMATS,
+        help=Settings.model_fields["tool_call_parser"].description,
+    )
     for name in SERVER_LIMITS:  # help and default from the setting itself, defined once there
         field = Settings.model_fields[name]
         kind = type(field.default)

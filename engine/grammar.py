@@ -8,8 +8,9 @@ Schema compiler that refuses the keywords it does not enforce by name (``Unimple
 The public API is small:
 
 - ``json_schema_grammar(schema)`` / ``json_object_grammar()`` / ``regex_grammar(regex)`` /
-  ``choice_grammar(choices)``: a ``GrammarConstraint`` (the grammar text,
-  engine/sampling_params.py) for ``SamplingParams.constraint``;
+  ``choice_grammar(choices)`` / ``lark_grammar(lark, source)`` (``json_rule(schema)`` writes
+  its JSON parts: a forced tool call's arguments): a ``GrammarConstraint`` (the grammar
+  text, engine/sampling_params.py) for ``SamplingParams.constraint``;
 - ``Grammars`` (one per ``EngineFront``: the tokenizer as llguidance sees it, built once on
   first use, and the compiled grammars, a bounded LRU by the grammar's hash): ``compile``
   refuses a grammar with ``GrammarError``; ``state`` gives a sequence its own matcher;
@@ -36,7 +37,7 @@ import llguidance
 from tokenizers import Tokenizer
 
 from engine.grammar_check import CompileTimeout, GrammarChecker
-from engine.sampling_params import GrammarConstraint
+from engine.sampling_params import GrammarConstraint, GrammarSource
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # a TypedDict of the stubs only
@@ -100,6 +101,19 @@ def regex_grammar(regex: str) -> GrammarConstraint:
     """The whole output matches ``regex`` (Rust's regex syntax: no lookaround, no
     backreferences); whether it compiles is ``Grammars.compile``'s to say."""
     return GrammarConstraint(llguidance.LLMatcher.grammar_from_regex(regex), "regex")
+
+
+def json_rule(schema: dict[str, Any]) -> str:
+    """A lark rule's body (llguidance's ``%json``) for JSON valid against ``schema``, spaced
+    as ``COMPACT_JSON`` (the same JSON ``json_schema_grammar`` allows), to embed in a larger
+    grammar (``lark_grammar``)."""
+    return "%json " + json.dumps({**schema, "x-guidance": COMPACT_JSON})
+
+
+def lark_grammar(lark: str, source: GrammarSource) -> GrammarConstraint:
+    """The output matches ``lark`` (llguidance's lark dialect, ``%json`` rules included);
+    whether it compiles is ``Grammars.compile``'s to say."""
+    return GrammarConstraint(llguidance.LLMatcher.grammar_from_lark(lark), source)
 
 
 def choice_grammar(choices: Sequence[str]) -> GrammarConstraint:

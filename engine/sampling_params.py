@@ -19,16 +19,16 @@ SEED_MAX = (1 << 64) - 1
 """The range ``torch.Generator.manual_seed`` accepts (a negative seed wraps modulo 2**64)."""
 
 
-GrammarSource = Literal["json_object", "json_schema", "regex", "choice"]
+GrammarSource = Literal["json_object", "json_schema", "regex", "choice", "tool_call"]
 
 
 @dataclass(frozen=True, slots=True)
 class GrammarConstraint:
     """The request's output must follow ``grammar``: llguidance's grammar text (as
     ``engine.grammar.json_schema_grammar`` writes it), from ``source`` (OpenAI's
-    ``response_format`` type, or vLLM's ``structured_outputs`` key). Plain data: it travels
-    with the request (a fleet pickles it to a replica); each engine compiles it
-    (``engine.grammar.Grammars``), cached by ``key``."""
+    ``response_format`` type, vLLM's ``structured_outputs`` key, or a forced tool call).
+    Plain data: it travels with the request (a fleet pickles it to a replica); each engine
+    compiles it (``engine.grammar.Grammars``), cached by ``key``."""
 
     grammar: str
     source: GrammarSource = "json_schema"

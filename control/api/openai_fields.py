@@ -8,7 +8,8 @@ silently ignored: the client would otherwise get an answer to a question it did 
 JSON Schema says the same (``maximum``, ``maxItems``, ``maxProperties``, ``enum``), so a
 client or a fuzzer reading ``/openapi.json`` never sends a refused value by accident.
 ``response_format`` is served (control/api/structured.py); it sits here with the fields
-OpenAI's two bodies share.
+OpenAI's two bodies share. ``tools`` are the chat body's own (control/chat/schemas.py; a
+completion refuses them: control/schemas/completions.py).
 ``OwnerFields`` are the two that say whose a request is: ``user`` (OpenAI's) and
 ``priority`` (vLLM's).
 """
@@ -94,11 +95,6 @@ class UnsupportedFields(OwnerFields):
         description="Only {} (or null) is accepted: logit bias is not supported.",
         json_schema_extra={"maxProperties": 0},
     )
-    tools: list[Any] | None = Field(
-        None,
-        description="Only [] (or null) is accepted: tool calls are not supported.",
-        json_schema_extra={"maxItems": 0},
-    )
     functions: list[Any] | None = Field(
         None,
         description="Only [] (or null) is accepted: function calls are not supported.",
@@ -131,7 +127,7 @@ class UnsupportedFields(OwnerFields):
             raise _refuse(info.field_name, "0")
         return value
 
-    @field_validator("logit_bias", "tools", "functions")
+    @field_validator("logit_bias", "functions")
     @classmethod
     def _empty(cls, value: Any, info: Any) -> Any:
         if value:

@@ -24,6 +24,7 @@ from control.schemas.response_format import ResponseFormat, StructuredOutputs
 from engine.front import EngineFront
 from engine.grammar import (
     GrammarError,
+    Grammars,
     choice_grammar,
     json_object_grammar,
     json_schema_grammar,
@@ -62,7 +63,7 @@ async def constraint_of(
     if not (formatted or structured):
         return None
     if formatted and structured:
-        raise _refusal(
+        raise refusal(
             "structured_outputs and response_format both constrain the answer: give one",
             "structured_outputs",
             CONFLICTING,
@@ -70,7 +71,7 @@ async def constraint_of(
     field = "response_format" if formatted else "structured_outputs"
     grammars = front.grammars
     if grammars is None:
-        raise _refusal(
+        raise refusal(
             f"{field} needs the model's tokenizer, and this model has none",
             field,
             "unsupported_value",
@@ -81,12 +82,20 @@ async def constraint_of(
         assert response_format is not None
         constraint, field = _formatted(response_format)
         code = INVALID_SCHEMA
+    await compiled(grammars, constraint, field, code)
+    return constraint
+
+
+async def compiled(
+    grammars: Grammars, constraint: GrammarConstraint, field: str, code: str
+) -> None:
+    """``constraint`` compiled (a lookup when it was before), off the event loop; a 400
+    naming ``field`` with llguidance's reason where it cannot be."""
     if not grammars.is_compiled(constraint):
         try:
             await run_in_threadpool(grammars.compile, constraint, COMPILE_TIMEOUT_S)
         except GrammarError as exc:
-            raise _refusal(f"{field}: {exc}", field, code) from None
-    return constraint
+            raise refusal(f"{field}: {exc}", field, code) from None
 
 
 def _structured(spec: StructuredOutputs) -> tuple[GrammarConstraint, str, str]:
@@ -94,18 +103,18 @@ def _structured(spec: StructuredOutputs) -> tuple[GrammarConstraint, str, str]:
     if spec.json_ is not None:
         field = "structured_outputs.json"
         check_schema(spec.json_, field)
-        return _schema_grammar(spec.json_, field), field, INVALID_SCHEMA
+        return schema_grammar(spec.json_, field), field, INVALID_SCHEMA
     if spec.regex is not None:
         return regex_grammar(spec.regex), "structured_outputs.regex", INVALID_GRAMMAR
     assert spec.choice is not None
     return choice_grammar(spec.choice), "structured_outputs.choice", INVALID_GRAMMAR
 
 
-def _schema_grammar(schema: dict[str, Any], field: str) -> GrammarConstraint:
+def schema_grammar(schema: dict[str, Any], field: str) -> GrammarConstraint:
     try:
         return json_schema_grammar(schema)
     except GrammarError as exc:
-        raise _refusal(f"{field}: {exc}", field, INVALID_SCHEMA) from None
+        raise refusal(f"{field}: {exc}", field, INVALID_SCHEMA) from None
 
 
 def _formatted(response_format: ResponseFormat) -> tuple[GrammarConstraint, str]:
@@ -114,14 +123,14 @@ def _formatted(response_format: ResponseFormat) -> tuple[GrammarConstraint, str]
         return json_object_grammar(), "response_format"
     spec = response_format.json_schema
     if spec is None:
-        raise _refusal(
+        raise refusal(
             "response_format.json_schema is required with type json_schema",
             "response_format.json_schema",
             "invalid_value",
         )
     schema = {} if spec.schema_ is None else spec.schema_
     check_schema(schema, SCHEMA_FIELD)
-    return _schema_grammar(schema, SCHEMA_FIELD), SCHEMA_FIELD
+    return schema_grammar(schema, SCHEMA_FIELD), SCHEMA_FIELD
 
 
 def check_schema(schema: dict[str, Any], field: str) -> None:
@@ -129,19 +138,19 @@ def check_schema(schema: dict[str, Any], field: str) -> None:
     (llguidance's own options, which would override the server's: whitespace, leniency)."""
     size = len(json.dumps(schema).encode())
     if size > MAX_SCHEMA_BYTES:
-        raise _refusal(
+        raise refusal(
             f"{field} is {size} bytes of JSON; at most {MAX_SCHEMA_BYTES} are allowed",
             field,
             INVALID_SCHEMA,
         )
     if (depth := nesting(schema)) > MAX_SCHEMA_DEPTH:
-        raise _refusal(
+        raise refusal(
             f"{field} nests {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are allowed",
             field,
             INVALID_SCHEMA,
         )
     if "x-guidance" in schema:
-        raise _refusal(
+        raise refusal(
             f"{field}.x-guidance is not supported (the server sets the grammar's options)",
             f"{field}.x-guidance",
             "unsupported_value",
@@ -161,5 +170,5 @@ def nesting(value: Any) -> int:
     return deepest
 
 
-def _refusal(message: str, param: str, code: str) -> ApiError:
+def refusal(message: str, param: str, code: str) -> ApiError:
     return ApiError(400, message, param=param, code=code, reason="invalid")

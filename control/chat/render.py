@@ -70,6 +70,8 @@ class RenderJob:
     model_dir: str
     messages: list[dict[str, Any]]
     add_generation_prompt: bool
+    tools: list[dict[str, Any]] | None = None
+    """The request's tools, for a template that renders them (``takes_tools``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +128,11 @@ class ChatRenderer:
         return all(w.ready.wait(max(0.0, deadline - time.monotonic())) for w in self._workers)
 
     def submit(
-        self, model_dir: Path, messages: list[dict[str, Any]], add_generation_prompt: bool
+        self,
+        model_dir: Path,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
     ) -> Future[str]:
         """The rendered prompt, later; its exception is a ``ChatTemplateError``. A future
         still pending may be cancelled (no worker will take it)."""
@@ -134,15 +140,20 @@ class ChatRenderer:
         if self._closed.is_set():
             future.set_exception(_shutting_down())
             return future
-        self._jobs.put(_Queued(RenderJob(str(model_dir), messages, add_generation_prompt), future))
+        job = RenderJob(str(model_dir), messages, add_generation_prompt, tools)
+        self._jobs.put(_Queued(job, future))
         return future
 
     async def render(
-        self, model_dir: Path, messages: list[dict[str, Any]], add_generation_prompt: bool
+        self,
+        model_dir: Path,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """``submit`` awaited on the event loop: ``RendererBusy`` when no worker took the
         conversation within ``timeout_s``, then at most ``timeout_s`` more for the render."""
-        future = self.submit(model_dir, messages, add_generation_prompt)
+        future = self.submit(model_dir, messages, add_generation_prompt, tools)
         waiting = asyncio.wrap_future(future)
         try:
             done, _ = await asyncio.wait({waiting}, timeout=self.timeout_s)
@@ -336,7 +347,8 @@ def render_job(job: RenderJob, max_output: int) -> Rendered | RenderFailed:
         template = load_chat_template(Path(job.model_dir))
         if template is None:
             return RenderFailed("missing", f"{Path(job.model_dir).name} has no chat_template")
-        return Rendered(template.render(job.messages, job.add_generation_prompt, max_output))
+        text = template.render(job.messages, job.add_generation_prompt, max_output, job.tools)
+        return Rendered(text)
     except ChatTemplateError as exc:
         return RenderFailed(exc.cause, str(exc))
     except Exception as exc:  # reading the checkpoint's files

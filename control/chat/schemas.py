@@ -9,6 +9,7 @@ field at fault (``messages[1].content[0].type``) in its 400.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -21,6 +22,7 @@ from pydantic import (
     StrictStr,
     WithJsonSchema,
     field_validator,
+    model_validator,
 )
 
 from control.api.openai_fields import UnsupportedFields, _json_integer
@@ -30,8 +32,8 @@ from engine.errors import RequestRejected
 OutputLimit = Annotated[StrictInt, Field(ge=1), BeforeValidator(_json_integer)]
 """A token count >= 1 (the bound before the validator, so the JSON schema says ``minimum``
 inside the nullable field)."""
-ROLES = ("system", "user", "assistant")
-"""The roles a message may have (tool calls are not supported, so no ``tool``)."""
+ROLES = ("system", "user", "assistant", "tool")
+"""The roles a message may have."""
 
 
 def _shared(name: str) -> Any:
@@ -56,18 +58,54 @@ class ContentPart(BaseModel):
         return None if value is None else _valid_unicode(value, "text")
 
 
+class CalledFunction(BaseModel):
+    name: StrictStr
+    arguments: StrictStr = Field(description="The arguments, a JSON object as text.")
+
+
+class MessageToolCall(BaseModel):
+    """A call an earlier assistant message made (sent back in the conversation)."""
+
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+CALLS_ARE_AN_ASSISTANTS = {
+    "if": {
+        "properties": {"tool_calls": {"type": "array", "minItems": 1}},
+        "required": ["tool_calls"],
+    },
+    "then": {"properties": {"role": {"const": "assistant"}}},
+}
+"""Only an assistant message has calls, in JSON Schema (the route refuses the rest with 400)."""
+
+
 class ChatMessage(BaseModel):
+    model_config = ConfigDict(json_schema_extra=CALLS_ARE_AN_ASSISTANTS)
+
     role: StrictStr = Field(json_schema_extra={"enum": list(ROLES)})
     content: StrictStr | list[ContentPart] | None = Field(
         None,
         description="Text, or a list of text parts (joined with newlines); null is empty.",
     )
     name: StrictStr | None = None
+    tool_calls: list[MessageToolCall] | None = Field(
+        None, description="An assistant message's calls (its content may then be null)."
+    )
+    tool_call_id: StrictStr | None = Field(
+        None, description="A tool message's answer: the call it answers."
+    )
 
     @field_validator("content")
     @classmethod
     def _content_unicode(cls, value: Any) -> Any:
         return _valid_unicode(value, "content") if isinstance(value, str) else value
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _id_unicode(cls, value: str | None) -> str | None:
+        return None if value is None else _valid_unicode(value, "tool_call_id")
 
     def plain(self, i: int) -> dict[str, Any]:
         """The message as the template sees it (``role``, ``content`` as text, ``name`` if
@@ -100,7 +138,34 @@ class ChatMessage(BaseModel):
         plain: dict[str, Any] = {"role": self.role, "content": content}
         if self.name is not None:
             plain["name"] = self.name
+        if self.tool_calls:
+            plain["tool_calls"] = self._calls(where)
+        if self.role == "tool" and self.tool_call_id is not None:
+            plain["tool_call_id"] = self.tool_call_id
         return plain
+
+    def _calls(self, where: str) -> list[dict[str, Any]]:
+        """An assistant's calls as templates take them (transformers', vLLM's): ``arguments``
+        parsed into an object (text that is not JSON stays text, as vLLM leaves it)."""
+        if self.role != "assistant":
+            raise RequestRejected(
+                f"{where}.tool_calls: only an assistant message has tool calls",
+                f"{where}.tool_calls",
+            )
+        calls = []
+        for j, call in enumerate(self.tool_calls or []):
+            field = f"{where}.tool_calls[{j}]"
+            try:
+                arguments: Any = json.loads(call.function.arguments)
+            except ValueError:
+                arguments = call.function.arguments
+            function = {"name": call.function.name, "arguments": arguments}
+            try:
+                _valid_unicode(json.dumps(function, ensure_ascii=False), "the call")
+            except ValueError as exc:
+                raise RequestRejected(f"{field}.function: {exc}", f"{field}.function") from None
+            calls.append({"id": call.id, "type": "function", "function": function})
+        return calls
 
 
 TOP_LOGPROBS_NEEDS_LOGPROBS = {
@@ -110,12 +175,74 @@ TOP_LOGPROBS_NEEDS_LOGPROBS = {
 """The rule across two fields, in JSON Schema (the route refuses the rest with 400)."""
 
 
+FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+"""OpenAI's rule for a function's name."""
+MAX_TOOLS = 128
+"""Tools one request may offer (OpenAI's own bound)."""
+
+
+class FunctionSpec(BaseModel):
+    """A tool's function. Typed loosely where the route names the field at fault
+    (``tools[0].function.name``: control/api/tools.py)."""
+
+    model_config = ConfigDict(json_schema_extra={"required": ["name"]})
+
+    name: Annotated[
+        StrictStr | None,
+        WithJsonSchema({"type": "string", "pattern": FUNCTION_NAME_PATTERN}),
+    ] = Field(None, description="Letters, digits, _ and -, at most 64; unique among the tools.")
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = Field(
+        None,
+        description="The arguments' JSON Schema (absent: none); bounded and compiled as "
+        "response_format's schema is.",
+    )
+    strict: StrictBool | None = Field(
+        None, description="Accepted either way: a forced call always follows the schema."
+    )
+
+
+class ToolSpec(BaseModel):
+    type: StrictStr = Field(json_schema_extra={"enum": ["function"]})
+    function: FunctionSpec
+
+    @model_validator(mode="after")
+    def _tool_unicode(self) -> ToolSpec:
+        _valid_unicode(json.dumps(self.model_dump(), ensure_ascii=False), "the tool")
+        return self
+
+
+class NamedFunction(BaseModel):
+    name: StrictStr
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoiceMode = Literal["none", "auto", "required"]
+
+
+FORCED_CALL_NEEDS_TOOLS = {
+    "if": {
+        "properties": {"tool_choice": {"anyOf": [{"const": "required"}, {"type": "object"}]}},
+        "required": ["tool_choice"],
+    },
+    "then": {"properties": {"tools": {"type": "array", "minItems": 1}}, "required": ["tools"]},
+}
+"""``tool_choice`` required or a named function needs tools, in JSON Schema."""
+
+
 class ChatCompletionRequest(UnsupportedFields):
     """OpenAI's chat request. ``max_completion_tokens`` wins over the older ``max_tokens``;
     with neither, the answer may fill the context (``max_model_len`` less the prompt).
-    ``top_logprobs`` needs ``logprobs: true``, as OpenAI says (and the schema)."""
+    ``top_logprobs`` needs ``logprobs: true``, as OpenAI says (and the schema); so does a
+    forced tool call need tools."""
 
-    model_config = ConfigDict(json_schema_extra=TOP_LOGPROBS_NEEDS_LOGPROBS)
+    model_config = ConfigDict(
+        json_schema_extra={"allOf": [TOP_LOGPROBS_NEEDS_LOGPROBS, FORCED_CALL_NEEDS_TOOLS]}
+    )
 
     # _shared(...) is the completions body's own field type (one definition for both bodies):
     # a type mypy cannot read from a call, hence the valid-type ignores of these fields
@@ -146,6 +273,21 @@ class ChatCompletionRequest(UnsupportedFields):
     )
     add_generation_prompt: StrictBool = Field(
         True, description="Extension: end the prompt with the template's assistant header."
+    )
+    tools: list[ToolSpec] | None = Field(
+        None,
+        max_length=MAX_TOOLS,
+        description="Functions the model may call, rendered through the chat template (or "
+        "the documented fallback system message); see docs/api.md.",
+    )
+    tool_choice: ToolChoiceMode | NamedToolChoice | None = Field(
+        None,
+        description="none, auto (the default with tools), required, or "
+        '{"type": "function", "function": {"name"}}; required and a named function are '
+        "enforced by a grammar.",
+    )
+    parallel_tool_calls: StrictBool | None = Field(
+        None, description="Whether one answer may make several calls (default true)."
     )
 
     _model_unicode = field_validator("model")(CompletionRequest._model_unicode.__func__)
@@ -181,9 +323,31 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None
 
 
+def _absent(value: Any) -> bool:
+    return value is None
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="The arguments, a JSON object as text.")
+
+
+class ChatToolCall(BaseModel):
+    id: str = Field(description="call_ and 24 hex digits.")
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatToolCallDelta(ChatToolCall):
+    index: int = Field(description="The call's place among the choice's calls.")
+
+
 class ChatCompletionMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None = Field(description="Null when the answer is only tool calls.")
+    tool_calls: list[ChatToolCall] | None = Field(
+        None, description="The calls the answer made (absent when none).", exclude_if=_absent
+    )
 
 
 class ChatChoice(BaseModel):
@@ -208,6 +372,11 @@ class ChatCompletionResponse(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ChatToolCallDelta] | None = Field(
+        None,
+        description="The choice's calls, each whole, in its last chunk (absent otherwise).",
+        exclude_if=_absent,
+    )
 
 
 class ChatChunkChoice(BaseModel):

@@ -11,9 +11,10 @@ Rendering follows ``transformers.utils.chat_template_utils``: an immutable sandb
 environment with ``trim_blocks`` and ``lstrip_blocks``, ``loopcontrols``, a ``tojson`` filter
 that keeps non-ASCII characters and does not escape HTML, the ``raise_exception`` and
 ``strftime_now`` globals, and ``dict``/``namespace`` that cannot reach Python internals. The
-template sees ``messages``, ``add_generation_prompt``, ``tools`` and ``documents`` (None) and
-the tokenizer's named special tokens (``bos_token``, ``eos_token``, ...). Templates come from
-checkpoints downloaded from anywhere: they are untrusted code, hence the sandbox.
+template sees ``messages``, ``add_generation_prompt``, ``tools`` (the request's, or None),
+``documents`` (None) and the tokenizer's named special tokens (``bos_token``, ``eos_token``,
+...). Templates come from checkpoints downloaded from anywhere: they are untrusted code, hence
+the sandbox.
 
 Lives in control/ so that jinja2 stays out of the engine's dependencies.
 """
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jinja2
+from jinja2 import meta
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment, safe_range
 from jinja2.utils import Namespace
@@ -180,9 +182,12 @@ class ChatTemplate:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         max_output: int | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """The prompt text of a conversation (messages as plain dicts: ``role``, ``content``);
-        rendering stops once it has more than ``max_output`` characters. Raises
+        """The prompt text of a conversation (messages as plain dicts: ``role``, ``content``)
+        and the ``tools`` (OpenAI's ``{"type": "function", "function"}`` dicts, as
+        transformers passes them); rendering stops once it has more than ``max_output``
+        characters. Raises
         ``ChatTemplateError`` when the template refuses the conversation or fails in any way.
 
         This runs the template in the calling thread, which nothing can stop: the server
@@ -191,7 +196,7 @@ class ChatTemplate:
             pieces = _compile(self.source).generate(
                 **self.special_tokens,
                 messages=messages,
-                tools=None,
+                tools=tools,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
             )
@@ -200,6 +205,17 @@ class ChatTemplate:
             raise
         except Exception as exc:
             raise _failure(exc) from exc
+
+
+def takes_tools(source: str) -> bool:
+    """Whether a template's source reads the ``tools`` variable (has a tools branch, as
+    Qwen's and Llama 3.1's have): parsed, never run; a source that does not parse has none."""
+    try:
+        return "tools" in meta.find_undeclared_variables(
+            jinja2.Environment(extensions=[loopcontrols]).parse(source)
+        )
+    except Exception:  # a syntax error, or too deep a nesting for the parser
+        return False
 
 
 def _bounded(pieces: Iterator[str], max_output: int) -> Iterator[str]:

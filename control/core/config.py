@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, SecretStr, create_model, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from control.chat.tools import ToolFormat
 from control.core.api_keys import ApiKeys
 from engine.config import MEMORY_RESERVE_BOUNDS, config_options
 from policies.base import PolicyName
@@ -139,6 +140,11 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
     )
     chat_template_workers: int = Field(
         2, ge=1, le=64, description="Worker processes that render chat templates."
+    )
+    tool_call_parser: ToolFormat | None = Field(
+        None,
+        description="How the model writes tool calls: hermes (<tool_call> JSON) or "
+        "llama3_json; unset, the chat template's own (docs/api.md).",
     )
     maintenance_retention: int = Field(
         1000, ge=10, description="Maintenance runs kept in the database."

@@ -3,7 +3,7 @@ options that chat shares."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -134,6 +134,11 @@ class CompletionRequest(UnsupportedFields):
         description='Only "" (or null) is accepted: insertion is not supported.',
         json_schema_extra={"maxLength": 0},
     )
+    tools: list[Any] | None = Field(
+        None,
+        description="Only [] (or null) is accepted: tool calls are served on /v1/chat/completions.",
+        json_schema_extra={"maxItems": 0},
+    )
 
     @field_validator("model")
     @classmethod
@@ -180,6 +185,17 @@ class CompletionRequest(UnsupportedFields):
         items = list(self.prompt)  # validated: all token ids, all texts or all token lists
         token_ids = [item for item in items if isinstance(item, int)]
         return [token_ids] if token_ids else [item for item in items if not isinstance(item, int)]
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value: list[Any] | None) -> list[Any] | None:
+        if value:
+            raise PydanticCustomError(
+                "unsupported_value",
+                "tools is not supported: only an empty value is accepted (tool calls are "
+                "served on /v1/chat/completions)",
+            )
+        return value
 
     @field_validator("suffix")
     @classmethod

@@ -252,7 +252,7 @@ def test_streamed_logprobs_and_n_choices(client: httpx.Client) -> None:
     ("messages", "param"),
     [
         ([], "messages"),
-        ([{"role": "tool", "content": "x"}], "messages[0].role"),
+        ([{"role": "function", "content": "x"}], "messages[0].role"),  # tool is served
         (
             [
                 {"role": "user", "content": "a"},
@@ -278,7 +278,7 @@ def test_bad_messages_name_the_field(client: httpx.Client, messages: list, param
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("tool_choice", "required"),  # without tools (tools are served: test_tools.py)
         ("presence_penalty", 0.5),
         ("frequency_penalty", -1.0),
         ("logit_bias", {"42": 5}),

@@ -5,13 +5,16 @@ and size), then tokenized on a worker thread and generated like a completion.
 The rendered text is tokenized without the tokenizer's own special tokens (its BOS): the
 template writes those itself, as ``apply_chat_template(tokenize=True)`` and vLLM do. The
 waiting, the disconnect handling, the usage and the event stream are control/api/generation.py's,
-shared with the completions route.
+shared with the completions route. ``tools`` are checked, shown to the template (or in the
+fallback form) and, when a call is forced, turned into the answer's grammar by
+control/api/tools.py; the answer's calls are parsed by control/api/chat_choices.py.
 """
 
 from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
@@ -23,6 +26,13 @@ from control.api.generation import Answers, check_request, sampling_params
 from control.api.limits import CostFields, RequestCost, check_request_cost
 from control.api.prompt_streams import PromptStream
 from control.api.structured import constraint_of
+from control.api.tools import (
+    check_conflicts,
+    for_template,
+    tool_constraint,
+    tool_request,
+    tool_style,
+)
 from control.chat.render import ChatRenderer, RendererBusy
 from control.chat.schemas import ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse
 from control.chat.template import ChatTemplateError
@@ -58,8 +68,16 @@ async def create_chat_completion(
         )
     conversation = body.conversation()
     front = runtime.service.front
+    tools = await tool_request(body, front)
     constraint = await constraint_of(body.response_format, body.structured_outputs, front)
-    text = await _render(runtime.renderer, front, conversation, body.add_generation_prompt)
+    check_conflicts(tools, constraint)
+    model_dir = Path(front.config.tokenizer or front.config.model)  # --tokenizer: its template
+    style = await run_in_threadpool(tool_style, model_dir, ctx.settings.tool_call_parser)
+    messages, template_tools = for_template(conversation, tools, style)
+    text = await _render(
+        runtime.renderer, model_dir, messages, body.add_generation_prompt, template_tools
+    )
+    constraint = constraint or await tool_constraint(tools, style, front)
     token_ids = await run_in_threadpool(_prompt_token_ids, front, text)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     params = engine_params(body, front.limits.max_model_len - len(token_ids), constraint)
@@ -82,7 +100,7 @@ async def create_chat_completion(
         # the error handler reads `code` where a refusal carries one (getattr)
         renamed.code = rejection_code(exc)  # type: ignore[attr-defined]
         raise renamed from exc
-    render = Render(body, front)
+    render = Render(body, front, style.format if tools else None, tools is None or tools.parallel)
     prompt = PromptStream(watched(runtime.text, stream, lambda: text), render)
     return await ANSWERS.answer(
         body, request_id, runtime, [prompt], request, len(token_ids), render.roles()
@@ -91,14 +109,14 @@ async def create_chat_completion(
 
 async def _render(
     renderer: ChatRenderer,
-    front: EngineFront,
-    conversation: list[dict],
+    model_dir: Path,
+    conversation: list[dict[str, Any]],
     add_generation_prompt: bool,
+    tools: list[dict[str, Any]] | None,
 ) -> str:
     """The conversation's prompt text; every way the template can fail is a 400."""
-    model_dir = Path(front.config.tokenizer or front.config.model)  # --tokenizer: its template
     try:
-        return await renderer.render(model_dir, conversation, add_generation_prompt)
+        return await renderer.render(model_dir, conversation, add_generation_prompt, tools)
     except RendererBusy as exc:
         raise ApiError(
             429,
