@@ -19,6 +19,7 @@ from control.chat.template import RenderFailure
 from engine.outputs import RequestOutput
 from engine.snapshot import EngineSnapshot, TenantSnapshot
 from engine.tenants import OTHER_TENANT
+from engine.timeline import WaitReason
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -112,6 +113,16 @@ class EngineCollector(Collector):
             totals and totals.preemptions,
         )
         yield from _tenant_metrics(snap.tenants if snap else ())
+        waited = CounterMetricFamily(
+            "servedeck_request_wait_seconds",
+            "Seconds requests waited, by what held the queue's head (reason: "
+            "docs/observability.md's vocabulary; open waits included).",
+            labels=["reason"],
+        )
+        by_reason = {s.reason: s.seconds for s in snap.waits.total} if snap and snap.waits else {}
+        for reason in WaitReason:
+            waited.add_metric([reason.value], by_reason.get(reason, 0.0))
+        yield waited
 
 
 def _tenant_metrics(tenants: Iterable[TenantSnapshot]) -> Iterator[Metric]:
@@ -182,6 +193,12 @@ class ControlMetrics:
         self.e2e = Histogram(
             "servedeck_e2e_request_latency_seconds",
             "Arrival to finish.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "servedeck_request_queue_time_seconds",
+            "Arrival to first scheduled (vLLM's request_queue_time_seconds).",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -291,7 +308,12 @@ class ControlMetrics:
         if output.finish_reason == "abort":
             return
         m = output.metrics
-        for histogram, value in ((self.ttft, m.ttft), (self.tpot, m.tpot), (self.e2e, m.e2e)):
+        for histogram, value in (
+            (self.ttft, m.ttft),
+            (self.tpot, m.tpot),
+            (self.e2e, m.e2e),
+            (self.queue_time, m.queue_time),
+        ):
             if value is not None:
                 histogram.observe(value)
         label = self._priority_label(output.priority)

@@ -485,6 +485,7 @@ class LLMEngine:
             blocks=self.blocks,
             stats=self.stats,
             compute=getattr(self.runner, "compute", None),
+            timelines=self.timelines,
         )
 
     def _discipline(self, queue: QueueSpec) -> QueueDiscipline:

@@ -19,6 +19,7 @@ from engine.kv_stats import KVStats, ReclaimResult
 from engine.sequence import Sequence, SequenceStatus
 from engine.stats import EngineStats
 from engine.tenants import TenantAccount
+from engine.timeline import TimelineRecorder, WaitNow, WaitSummary
 from policies.queue import QueueSpec
 from policies.snapshot import PolicySnapshot
 from policies.spec import PolicySpec
@@ -43,9 +44,17 @@ class RequestSnapshot(BaseModel):
     constrained: bool = Field(
         False, description="A grammar constrains its output (response_format, structured_outputs)."
     )
+    wait: WaitNow | None = Field(
+        None,
+        description="Why it waits now (waiting requests): its reason, what holds it (its own "
+        "constraint, or the queue head's when it waits behind it) and since when "
+        "(docs/observability.md).",
+    )
 
     @classmethod
-    def of(cls, seq: Sequence, blocks: int, now: float) -> RequestSnapshot:
+    def of(
+        cls, seq: Sequence, blocks: int, now: float, wait: WaitNow | None = None
+    ) -> RequestSnapshot:
         return cls(
             id=seq.seq_id,
             state=seq.status.value,
@@ -57,6 +66,7 @@ class RequestSnapshot(BaseModel):
             tenant=seq.tenant,
             priority=seq.priority,
             constrained=seq.grammar is not None,
+            wait=wait,
         )
 
 
@@ -194,6 +204,11 @@ class EngineSnapshot(BaseModel):
     compute: ComputeState | None = Field(
         None, description="The dtype and attention in force and why (None: a simulated runner)."
     )
+    waits: WaitSummary | None = Field(
+        None,
+        description="Where the waiting went, by what held the queue's head: over the last "
+        "window and since the start; and what holds the head now (docs/observability.md).",
+    )
 
     @classmethod
     def of(
@@ -212,13 +227,20 @@ class EngineSnapshot(BaseModel):
         blocks: BlockManager,
         stats: EngineStats,
         compute: ComputeChoice | None = None,
+        timelines: TimelineRecorder | None = None,
     ) -> EngineSnapshot:
         """The picture of an engine at a step boundary: ``sequences`` are the ones it has taken
         in, ``queued`` the ones not taken in yet (they count as waiting), ``scheduler`` the
         running policy's own snapshot."""
         seqs = [*sequences, *queued]
+        waiting = timelines.waiting_now if timelines is not None else _no_wait
         requests = tuple(
-            RequestSnapshot.of(s, len(blocks.table(s.seq_id)) if blocks.holds(s.seq_id) else 0, now)
+            RequestSnapshot.of(
+                s,
+                len(blocks.table(s.seq_id)) if blocks.holds(s.seq_id) else 0,
+                now,
+                waiting(s.seq_id, now) if s.status is SequenceStatus.WAITING else None,
+            )
             for s in seqs
         )
         by_tenant: dict[str, list[Sequence]] = {}
@@ -247,4 +269,9 @@ class EngineSnapshot(BaseModel):
                 ReclaimRecord(**asdict(r), time=t) for t, r in list(stats.reclaims)[-10:]
             ),
             compute=None if compute is None else ComputeState.model_validate(compute),
+            waits=None if timelines is None else timelines.summary(now),
         )
+
+
+def _no_wait(seq_id: str, now: float) -> WaitNow | None:
+    return None

@@ -21,14 +21,17 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import enum
-from collections import OrderedDict
-from collections.abc import Callable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from engine.sequence import Sequence, SequenceStatus
 
 DEFAULT_TIMELINES_KEPT = 1000
 """Finished requests whose timelines are kept (the oldest goes first)."""
+
+DEFAULT_WAIT_WINDOW_S = 60.0
+"""The window of ``WaitSummary.recent``: the last this many seconds of waiting."""
 
 _EPOCHS_BEFORE_TRIM = 256
 """Head epochs kept before those no open wait can need are dropped."""
@@ -201,6 +204,59 @@ class RequestTimeline:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class WaitNow:
+    """Why a waiting request waits now: ``reason`` (its own, or ``BEHIND_QUEUE``), ``hold``:
+    what holds it at the last step (its own hold, or the queue head's), ``ahead`` (behind the
+    head: requests ahead of it at the wait's first step), ``seconds`` in this wait so far."""
+
+    reason: WaitReason
+    hold: Hold | None
+    ahead: int | None
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class HeadHold:
+    """The queue's head (the first waiting request in the queue's order not admitted at the
+    last step) and what held it."""
+
+    seq_id: str
+    hold: Hold
+
+
+@dataclass(frozen=True, slots=True)
+class WaitSummary:
+    """Where waiting time went, by what held the queue's head: ``recent`` over the last
+    ``window_s`` seconds, ``total`` since the engine started (both include the waits still
+    open); ``head``: what holds the queue now (None: nobody waits, or no step named one)."""
+
+    window_s: float
+    recent: tuple[HeldShare, ...]
+    total: tuple[HeldShare, ...]
+    head: HeadHold | None = None
+
+    @classmethod
+    def merged(cls, each: list[WaitSummary]) -> WaitSummary | None:
+        """Several engines' (a fleet's replicas), summed by reason; the first head named."""
+        if not each:
+            return None
+        return cls(
+            window_s=each[0].window_s,
+            recent=_summed(share for one in each for share in one.recent),
+            total=_summed(share for one in each for share in one.total),
+            head=next((one.head for one in each if one.head is not None), None),
+        )
+
+
+def _summed(shares: Iterable[HeldShare]) -> tuple[HeldShare, ...]:
+    """Shares by reason, in the vocabulary's order."""
+    by: dict[WaitReason, float] = {}
+    for share in shares:
+        by[share.reason] = by.get(share.reason, 0.0) + share.seconds
+    return tuple(HeldShare(r, by[r]) for r in WaitReason if r in by)
+
+
 class _Epoch:
     """A stretch during which the queue's head was held by one reason; ``before``: the
     seconds of every earlier epoch by reason (so a wait's shares are two look-ups)."""
@@ -267,8 +323,15 @@ Ahead = Callable[[list[Sequence]], list[int]]
 class TimelineRecorder:
     """Per-request timelines, recorded by the engine thread at changes (see the module)."""
 
-    def __init__(self, kept: int = DEFAULT_TIMELINES_KEPT) -> None:
+    def __init__(
+        self, kept: int = DEFAULT_TIMELINES_KEPT, window_s: float = DEFAULT_WAIT_WINDOW_S
+    ) -> None:
         self.kept = kept
+        self.window_s = window_s
+        self._waited: dict[WaitReason, float] = {}
+        """Seconds of the closed waits by what held the head, since the start."""
+        self._recent: deque[tuple[float, float, tuple[HeldShare, ...]]] = deque()
+        """The closed waits (start, end, shares) that ended within the window, oldest first."""
         self._live: dict[str, _Track] = {}
         self._finished: OrderedDict[str, tuple[RequestTimeline, list[str]]] = OrderedDict()
         """Finished timelines, oldest first, each with its forks' ids."""
@@ -441,10 +504,33 @@ class TimelineRecorder:
         children = (self.timeline(fork, now) for fork in forks)
         return dataclasses.replace(found, forks=tuple(c for c in children if c is not None))
 
-    def current(self, seq_id: str) -> Segment | None:
-        """A live request's open segment (None: unknown or finished)."""
+    def waiting_now(self, seq_id: str, now: float) -> WaitNow | None:
+        """Why a live request waits now (None: unknown, finished, or not waiting)."""
         track = self._live.get(seq_id)
-        return None if track is None else self._open(track, None)
+        if track is None or track.phase is not Phase.WAITING or track.reason is None:
+            return None
+        hold = track.last
+        if track.reason is WaitReason.BEHIND_QUEUE and self._epochs:
+            hold = self._epochs[-1].last
+        return WaitNow(track.reason, hold, track.ahead, max(0.0, now - track.start))
+
+    def summary(self, now: float) -> WaitSummary:
+        """Where the waiting went, over the window and since the start (open waits included)."""
+        low = now - self.window_s
+        recent: list[HeldShare] = []
+        for start, end, shares in self._recent:
+            if end > low:
+                recent.extend(_clipped(start, end, shares, low))
+        total = [HeldShare(r, s) for r, s in self._waited.items()]
+        for track in self._live.values():
+            if track.phase is Phase.WAITING and now > track.start:
+                shares = self._open(track, now).held_by
+                total.extend(shares)
+                recent.extend(_clipped(track.start, now, shares, low))
+        head = self._head
+        held = head.last if head is not None else None
+        named = HeadHold(head.seq.seq_id, held) if head is not None and held is not None else None
+        return WaitSummary(self.window_s, _summed(recent), _summed(total), named)
 
     # -- internals ------------------------------------------------------------------------
 
@@ -489,6 +575,8 @@ class TimelineRecorder:
         if now > track.start:
             segment = self._open(track, now)
             track.segments.append(segment)
+            if segment.phase is Phase.WAITING:
+                self._waits_closed(segment.start, now, segment.held_by)
         else:
             now = track.start  # never before the segment it closes
         track.start = now
@@ -528,6 +616,15 @@ class TimelineRecorder:
         """Seconds by what held the head, from the first epoch kept up to ``t``."""
         i = bisect.bisect_right(self._starts, t) - 1
         return self._epochs[i].until(t) if i >= 0 else {}
+
+    def _waits_closed(self, start: float, end: float, shares: tuple[HeldShare, ...]) -> None:
+        waited = self._waited
+        for share in shares:
+            waited[share.reason] = waited.get(share.reason, 0.0) + share.seconds
+        recent = self._recent
+        recent.append((start, end, shares))
+        while recent[0][1] < end - self.window_s:
+            recent.popleft()
 
     def _held(self, now: float, hold: Hold | None) -> None:
         """The head's hold at this step: the current epoch goes on or a new one starts."""
@@ -570,3 +667,13 @@ class TimelineRecorder:
             events=tuple(track.events),
             finished=finished,
         )
+
+
+def _clipped(
+    start: float, end: float, shares: tuple[HeldShare, ...], low: float
+) -> Iterable[HeldShare]:
+    """``shares`` of a wait from ``start`` to ``end``, pro rata for its part after ``low``."""
+    if start >= low:
+        return shares
+    part = (end - low) / (end - start)
+    return (HeldShare(share.reason, share.seconds * part) for share in shares)

@@ -16,6 +16,7 @@ from engine.snapshot import (
     Throughput,
     Totals,
 )
+from engine.timeline import WaitSummary
 from policies.snapshot import PolicySnapshot
 
 MAX_RECLAIMS = 10
@@ -81,6 +82,7 @@ def merged_snapshot(snapshots: Mapping[str, EngineSnapshot]) -> EngineSnapshot:
         reclaims=tuple(sorted((r for s in snaps for r in s.reclaims), key=lambda r: r.time))[
             -MAX_RECLAIMS:
         ],
+        waits=WaitSummary.merged([s.waits for s in snaps if s.waits is not None]),
     )
 
 

@@ -21,6 +21,7 @@ from engine.snapshot import (
     Throughput,
     Totals,
 )
+from engine.timeline import WaitSummary
 from policies.queue import FcfsQueue, QueueSpec
 from policies.snapshot import PolicySnapshot
 from policies.spec import PolicySpec
@@ -90,4 +91,10 @@ class AdminState(BaseModel):
         None,
         description="The dtype and the decode attention in force, each with why (--dtype "
         "auto's choice for this CPU; the native kernel or torch's products).",
+    )
+    waits: WaitSummary | None = Field(
+        None,
+        description="Where the waiting went, by what held the queue's head (the reasons of "
+        "docs/observability.md): over the last window and since the start; and what holds the "
+        "head now. Each waiting request's own reason is in requests[].wait.",
     )

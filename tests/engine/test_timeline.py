@@ -374,3 +374,48 @@ def test_each_fork_of_a_request_of_n_has_its_own_timeline():
         check_timeline(one, metrics[one.seq_id])
         assert sum(sum(s.chunks) for s in one.segments if s.phase is Phase.PREFILL) >= 39
     assert engine.timeline("r#2") == timeline.forks[1]
+
+
+def test_the_snapshot_says_why_each_waiting_request_waits_and_where_the_waiting_went():
+    clock = Clock()
+    limits = Limits(num_kv_blocks=64, max_num_seqs=2)
+    config = EngineConfig(model="none", block_size=BLOCK, max_num_seqs=2, max_waiting=64)
+    engine_limits = EngineLimits(BLOCK, 64, 128, 2, 64)
+    engine = LLMEngine(
+        config,
+        CostRunner(clock),
+        engine_limits,
+        vocab_size=100,
+        clock=clock,
+        policy=policy_spec("continuous", limits),
+    )
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    for i in range(8):
+        engine.add_request([1 + i, 2, 3, 4], params, f"r{i}")
+    engine.step()
+    engine.step()
+    snap = engine.snapshot()
+    waiting = [r for r in snap.requests if r.state == "waiting"]
+    assert len(waiting) == 6 and all(r.wait is not None for r in waiting)
+    assert all(r.wait is None for r in snap.requests if r.state == "running")
+    assert snap.waits is not None and snap.waits.head is not None
+    head_hold = Hold(WaitReason.MAX_NUM_SEQS, SeqsFull(2, 2))
+    assert snap.waits.head.hold == head_hold
+    by_id = {r.id: r.wait for r in waiting}
+    head = by_id.pop(snap.waits.head.seq_id)
+    assert head is not None and head.reason is WaitReason.MAX_NUM_SEQS
+    assert all(w is not None and w.reason is WaitReason.BEHIND_QUEUE for w in by_id.values())
+    assert all(w is not None and w.hold == head_hold for w in by_id.values())
+    assert sorted(w.ahead for w in by_id.values() if w is not None) == [1, 2, 3, 4, 5]
+    while engine.has_unfinished_requests():
+        engine.step()
+    totals = engine.snapshot().waits
+    assert totals is not None
+    waited: dict[WaitReason, float] = {}
+    for i in range(8):
+        timeline = engine.timeline(f"r{i}")
+        assert timeline is not None
+        for reason, seconds in timeline.waited().items():
+            waited[reason] = waited.get(reason, 0.0) + seconds
+    assert {s.reason: pytest.approx(s.seconds) for s in totals.total} == waited
+    assert totals.head is None and totals.recent == totals.total  # all within the window
