@@ -19,7 +19,7 @@ from control.chat.template import RenderFailure
 from engine.outputs import RequestOutput
 from engine.snapshot import EngineSnapshot, TenantSnapshot
 from engine.tenants import OTHER_TENANT
-from engine.timeline import WaitReason
+from engine.timeline import PreemptCause, WaitReason
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -48,6 +48,9 @@ REFUSAL_REASONS = (
 ``servedeck_requests_refused_total``."""
 GUARDRAIL_OUTCOMES = ("applied", "shadow", "rate_limited", "window_active", "conflict", "failed")
 """``control.guardrail.schemas.Outcome``: the ``outcome`` label of the decisions counter."""
+POLICY_PREEMPTIONS = (PreemptCause.MEMORY, PreemptCause.PRIORITY)
+"""The ``cause`` label of ``servedeck_preemptions_total``: what a policy preempts for (an
+admission undone with a failed step is requeued, not counted)."""
 GUARDRAIL_MODES = ("off", "shadow", "on")
 METRIC_TENANTS = 32
 """Tenants with a label of their own (the most served); the rest are summed as ``other``."""
@@ -107,11 +110,16 @@ class EngineCollector(Collector):
             "Tokens generated.",
             totals and totals.generation_tokens,
         )
-        yield _counter(
+        preempted = CounterMetricFamily(
             "servedeck_preemptions",
-            "Sequences preempted (recompute).",
-            totals and totals.preemptions,
+            "Sequences preempted (recompute), by cause: memory (the pool ran dry), priority "
+            "(a waiting request of a lower priority value took its place).",
+            labels=["cause"],
         )
+        by_cause = {c.cause: c.count for c in totals.preemptions_by_cause} if totals else {}
+        for cause in POLICY_PREEMPTIONS:
+            preempted.add_metric([cause.value], by_cause.get(cause, 0))
+        yield preempted
         yield from _tenant_metrics(snap.tenants if snap else ())
         waited = CounterMetricFamily(
             "servedeck_request_wait_seconds",

@@ -252,6 +252,8 @@ class LLMEngine:
             now, wall_s = self.clock(), time.perf_counter() - started
             forward_s = self.runner.last_forward_s
             self.stats.record_step(StepRecord.of(batch, counts, generated, now, wall_s, forward_s))
+            if batch.preempt_causes:
+                self.stats.record_preemptions(batch.preempt_causes)
             return outputs
 
     def _scheduled(self, now: float, batch: ScheduledBatch) -> None:

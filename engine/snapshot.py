@@ -19,7 +19,7 @@ from engine.kv_stats import KVStats, ReclaimResult
 from engine.sequence import Sequence, SequenceStatus
 from engine.stats import EngineStats
 from engine.tenants import TenantAccount
-from engine.timeline import TimelineRecorder, WaitNow, WaitSummary
+from engine.timeline import CauseCount, TimelineRecorder, WaitNow, WaitSummary
 from policies.queue import QueueSpec
 from policies.snapshot import PolicySnapshot
 from policies.spec import PolicySpec
@@ -144,6 +144,9 @@ class Totals(BaseModel):
     generation_tokens: int
     padded_tokens: int
     preemptions: int
+    preemptions_by_cause: tuple[CauseCount, ...] = Field(
+        (), description="preemptions by cause: memory (the pool ran dry), priority."
+    )
     requests_finished: int
     engine_overhead: float = Field(description="Share of step time outside the forward.")
 
@@ -155,6 +158,7 @@ class Totals(BaseModel):
             generation_tokens=stats.generation_tokens,
             padded_tokens=stats.padded_tokens,
             preemptions=stats.preemptions,
+            preemptions_by_cause=stats.preemptions_by_cause(),
             requests_finished=stats.requests_finished,
             engine_overhead=stats.engine_overhead,
         )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from engine.kv_stats import ReclaimResult
 from engine.outputs import RequestMetrics
+from engine.timeline import CauseCount, PreemptCause
 
 if TYPE_CHECKING:
     from engine.batch import ScheduledBatch
@@ -105,6 +106,8 @@ class EngineStats:
     generation_tokens: int = 0
     padded_tokens: int = 0
     preemptions: int = 0
+    preempted_by: dict[PreemptCause, int] = field(default_factory=dict)
+    """``preemptions`` by cause (the policy's: memory, priority)."""
     requests_finished: int = 0
     wall_s: float = 0.0
     forward_s: float = 0.0
@@ -119,6 +122,14 @@ class EngineStats:
         self.preemptions += record.preempted
         self.wall_s += record.wall_s
         self.forward_s += record.forward_s
+
+    def record_preemptions(self, causes: list[PreemptCause]) -> None:
+        by = self.preempted_by
+        for cause in causes:
+            by[cause] = by.get(cause, 0) + 1
+
+    def preemptions_by_cause(self) -> tuple[CauseCount, ...]:
+        return CauseCount.summed(CauseCount(c, n) for c, n in self.preempted_by.items())
 
     def record_finish(self, metrics: RequestMetrics, output_tokens: int) -> None:
         self.requests_finished += 1

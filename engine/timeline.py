@@ -87,6 +87,22 @@ class EventKind(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class CauseCount:
+    """Preemptions of one cause."""
+
+    cause: PreemptCause
+    count: int
+
+    @staticmethod
+    def summed(counts: Iterable[CauseCount]) -> tuple[CauseCount, ...]:
+        """Counts by cause, in the vocabulary's order (every cause, 0 where none)."""
+        by: dict[PreemptCause, int] = {}
+        for one in counts:
+            by[one.cause] = by.get(one.cause, 0) + one.count
+        return tuple(CauseCount(cause, by.get(cause, 0)) for cause in PreemptCause)
+
+
+@dataclass(frozen=True, slots=True)
 class TokenBudget:
     """The prompt tokens the step could still take (``left``) of what it could carry
     (``budget``: ``max_prefill_tokens`` beside decodes, else the step budget after them);

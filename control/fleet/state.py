@@ -16,7 +16,7 @@ from engine.snapshot import (
     Throughput,
     Totals,
 )
-from engine.timeline import WaitSummary
+from engine.timeline import CauseCount, WaitSummary
 from policies.snapshot import PolicySnapshot
 
 MAX_RECLAIMS = 10
@@ -72,6 +72,9 @@ def merged_snapshot(snapshots: Mapping[str, EngineSnapshot]) -> EngineSnapshot:
             generation_tokens=sum(s.totals.generation_tokens for s in snaps),
             padded_tokens=sum(s.totals.padded_tokens for s in snaps),
             preemptions=sum(s.totals.preemptions for s in snaps),
+            preemptions_by_cause=CauseCount.summed(
+                c for s in snaps for c in s.totals.preemptions_by_cause
+            ),
             requests_finished=sum(s.totals.requests_finished for s in snaps),
             engine_overhead=(
                 sum(s.totals.engine_overhead * s.totals.steps for s in snaps) / steps

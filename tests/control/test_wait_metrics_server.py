@@ -29,6 +29,8 @@ def test_waiting_seconds_by_reason_and_the_queue_time_histogram(client: httpx.Cl
     for reason in WaitReason:
         name = f'servedeck_request_wait_seconds_total{{reason="{reason.value}"}}'
         assert after[name] >= before.get(name, 0.0) >= 0.0
+    for cause in ("memory", "priority"):
+        assert f'servedeck_preemptions_total{{cause="{cause}"}}' in after
     count = "servedeck_request_queue_time_seconds_count"
     assert after[count] == before[count] + 1
 

@@ -24,6 +24,7 @@ from engine.outputs import RequestMetrics
 from engine.sampling_params import SamplingParams
 from engine.timeline import (
     BlocksShort,
+    CauseCount,
     EventKind,
     Hold,
     Phase,
@@ -91,6 +92,7 @@ class Run:
     metrics: dict[str, RequestMetrics]
     aborted: set[str] = field(default_factory=set)
     preemptions: int = 0
+    by_cause: tuple[CauseCount, ...] = ()
 
     def reasons(self) -> set[WaitReason]:
         """Every reason a wait was held by (its own or, behind the head, the head's)."""
@@ -171,6 +173,7 @@ def run(
         assert timeline is not None and timeline.finished
         result.timelines[request_id] = timeline
     result.preemptions = engine.stats.preemptions
+    result.by_cause = engine.snapshot().totals.preemptions_by_cause
     return result
 
 
@@ -338,9 +341,13 @@ def test_every_policy_and_discipline_keeps_the_invariants(policy: str, queue: st
     for request_id, timeline in result.timelines.items():
         check_timeline(timeline, result.metrics[request_id])
     assert EXPECTED[policy] <= result.reasons(), result.reasons()
-    causes = {e.cause for t in result.timelines.values() for e in t.events if e.cause}
+    causes = [e.cause for t in result.timelines.values() for e in t.events if e.cause]
     if queue == "priority" and policy in ("continuous", "hybrid"):
         assert PreemptCause.PRIORITY in causes
+    assert sum(c.count for c in result.by_cause) == result.preemptions
+    assert {c.cause: c.count for c in result.by_cause} == {
+        cause: causes.count(cause) for cause in PreemptCause
+    }
 
 
 def test_a_burst_under_hybrid_waits_for_the_single_request_first():
