@@ -274,3 +274,25 @@ def test_qwen_template_renders_tools_as_transformers_does(
     )
     assert template.render(CONVERSATION, True, None, tools) == expected
     assert '"name": "get_weather", "arguments": {"city": "Rome"}' in expected
+
+
+def test_the_style_follows_the_template_unless_the_flag_says(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from control.api.tools import ToolStyle, tool_style
+
+    def folder(name: str, template: str) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        config = json.loads((tiny_model_dir / "tokenizer_config.json").read_text())
+        (path / "tokenizer_config.json").write_text(
+            json.dumps({**config, "chat_template": template})
+        )
+        return path
+
+    qwen, llama = folder("qwen", QWEN_TOOLS_TEMPLATE), folder("llama", LLAMA31_HINT)
+    assert tool_style(qwen, None) == ToolStyle(True, "hermes")
+    assert tool_style(llama, None) == ToolStyle(True, "llama3_json")
+    assert tool_style(tiny_model_dir, None) == ToolStyle(False, "hermes")  # the fallback
+    assert tool_style(tiny_model_dir, "llama3_json") == ToolStyle(False, "llama3_json")
+    assert tool_style(qwen, "llama3_json") == ToolStyle(True, "llama3_json")
