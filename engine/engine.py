@@ -84,6 +84,7 @@ class LLMEngine:
         """The version given with the running policy to ``set_policy`` (None: not given)."""
         self.stats = EngineStats()
         self.timelines = TimelineRecorder(timelines_kept)
+        self.timelines.max_wait_s = self.policy.params.max_wait_s
         """Each request's timeline and why it waits (engine/timeline.py); engine thread only."""
         self.started_at = clock()
         self.wakeup = threading.Event()
@@ -414,6 +415,7 @@ class LLMEngine:
             self.policy, self.policy_spec, self.policy_version = new_policy, spec, version
             self.tenants.configure(new_queue.cost())
             self.queue_spec = new_queue
+            self.timelines.switched(self.clock(), spec.name, new_policy.params.max_wait_s)
             return spec
 
         return self.commands.submit(switch)

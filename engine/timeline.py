@@ -83,6 +83,10 @@ class EventKind(enum.Enum):
     FIRST_TOKEN = "first_token"
     PREEMPTED = "preempted"
     RESUMED = "resumed"
+    AGED = "aged"
+    """It had waited ``max_wait_s`` since arrival: aging puts it before any newer request."""
+    POLICY_SWITCHED = "policy_switched"
+    """A policy switch applied at a step boundary while it was live (``policy``: the new one)."""
     FINISHED = "finished"
 
 
@@ -191,6 +195,7 @@ class TimelineEvent:
     time: float
     cause: PreemptCause | None = None
     finish_reason: str | None = None
+    policy: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +302,7 @@ class _Track:
     """A live request's timeline under construction (the recorder's own)."""
 
     __slots__ = (
+        "admitted",
         "ahead",
         "chunks",
         "events",
@@ -329,6 +335,8 @@ class _Track:
         self.mark = 0
         self.length = 0
         self.first_token = False
+        self.admitted = False
+        """Admitted once (its first wait, the one aging bounds, is over)."""
         self.forks: list[str] = []
 
 
@@ -344,6 +352,9 @@ class TimelineRecorder:
     ) -> None:
         self.kept = kept
         self.window_s = window_s
+        self.max_wait_s: float | None = None
+        """The policy's aging bound in force (the engine sets it): a first wait past it is an
+        ``AGED`` event."""
         self._waited: dict[WaitReason, float] = {}
         """Seconds of the closed waits by what held the head, since the start."""
         self._recent: deque[tuple[float, float, tuple[HeldShare, ...]]] = deque()
@@ -392,6 +403,9 @@ class TimelineRecorder:
             if (track := live.get(seq.seq_id)) is None:
                 continue
             resumed = track.resumed
+            if not track.admitted:
+                self._aged(track, now, track.events)
+                track.admitted = True
             self._close(track, now)
             kind = EventKind.RESUMED if resumed else EventKind.ADMITTED
             track.events.append(TimelineEvent(kind, now))
@@ -474,9 +488,16 @@ class TimelineRecorder:
         self._close(track, now)
         track.phase, track.start, track.reason = Phase.PREFILL, now, None
         track.mark, track.length = child.num_computed_tokens, len(child.token_ids)
+        track.admitted = True
         self._live[child.seq_id] = track
         self._forked.append(track)
         parent.forks.append(child.seq_id)
+
+    def switched(self, now: float, policy: str, max_wait_s: float | None) -> None:
+        """A policy switch applied at ``now``: an event on every live request."""
+        self.max_wait_s = max_wait_s
+        for track in self._live.values():
+            track.events.append(TimelineEvent(EventKind.POLICY_SWITCHED, now, policy=policy))
 
     def put_back(self, seq: Sequence) -> None:
         """``seq``'s admission was undone (a failed step): it waits again from the step's start."""
@@ -492,6 +513,8 @@ class TimelineRecorder:
         self._prefilling.pop(seq.seq_id, None)
         if track is self._head:
             self._head = None
+        if not track.admitted:
+            self._aged(track, now, track.events)
         if not track.first_token and seq.first_token_time is not None:
             track.first_token = True
             track.events.append(TimelineEvent(EventKind.FIRST_TOKEN, seq.first_token_time))
@@ -670,17 +693,29 @@ class TimelineRecorder:
             del epochs[:drop], self._starts[:drop]
         self._trim_at = max(_EPOCHS_BEFORE_TRIM, 2 * len(epochs))
 
+    def _aged(self, track: _Track, now: float, events: list[TimelineEvent]) -> None:
+        """Its first wait lasts until ``now``: when it passed the aging bound, an ``AGED``
+        event goes into ``events`` at that time."""
+        if (limit := self.max_wait_s) is not None:
+            at = track.seq.arrival_time + limit
+            if at < now:
+                bisect.insort(events, TimelineEvent(EventKind.AGED, at), key=_event_time)
+
     def _frozen(self, track: _Track, now: float, finished: bool) -> RequestTimeline:
         segments = list(track.segments)
+        events = track.events
         if not finished:
             segments.append(self._open(track, None))
+            if not track.admitted:
+                events = list(events)
+                self._aged(track, now, events)
         seq = track.seq
         return RequestTimeline(
             seq_id=seq.seq_id,
             request_id=seq.request_id,
             arrival_time=seq.arrival_time,
             segments=tuple(segments),
-            events=tuple(track.events),
+            events=tuple(events),
             finished=finished,
         )
 
@@ -693,3 +728,7 @@ def _clipped(
         return shares
     part = (end - low) / (end - start)
     return (HeldShare(share.reason, share.seconds * part) for share in shares)
+
+
+def _event_time(event: TimelineEvent) -> float:
+    return event.time

@@ -426,3 +426,42 @@ def test_the_snapshot_says_why_each_waiting_request_waits_and_where_the_waiting_
             waited[reason] = waited.get(reason, 0.0) + seconds
     assert {s.reason: pytest.approx(s.seconds) for s in totals.total} == waited
     assert totals.head is None and totals.recent == totals.total  # all within the window
+
+
+def test_aging_and_a_policy_switch_are_events_in_time_order():
+    clock = Clock()
+    config = EngineConfig(model="none", block_size=BLOCK, max_num_seqs=1, max_waiting=64)
+    limits = EngineLimits(BLOCK, 64, 128, 1, 64)
+    aging = {"name": "continuous", "params": {"max_wait_s": 0.01}}
+    engine = LLMEngine(config, CostRunner(clock), limits, vocab_size=100, clock=clock, policy=aging)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    for i in range(6):
+        engine.add_request([1 + i, 2, 3, 4], params, f"r{i}")
+    metrics: dict[str, RequestMetrics] = {}
+    for step in itertools.count():
+        if step == 8:
+            engine.set_policy({"name": "hybrid", "params": {"max_wait_s": 0.01}}).result()
+        for output in engine.step():
+            if output.finished:
+                metrics[output.seq_id] = output.metrics
+        if not engine.has_unfinished_requests():
+            break
+    timelines = [engine.timeline(f"r{i}") for i in range(6)]
+    switch_times = {
+        e.time for t in timelines if t for e in t.events if e.kind is EventKind.POLICY_SWITCHED
+    }
+    assert len(switch_times) == 1
+    [switched_at] = switch_times
+    for timeline in timelines:
+        assert timeline is not None
+        check_timeline(timeline, metrics[timeline.seq_id])
+        times = [e.time for e in timeline.events]
+        assert times == sorted(times)
+        admitted = [e.time for e in timeline.events if e.kind is EventKind.ADMITTED]
+        aged = [e.time for e in timeline.events if e.kind is EventKind.AGED]
+        bound = timeline.arrival_time + 0.01
+        assert len(admitted) == 1 and aged == ([bound] if admitted[0] > bound else [])
+        switches = [e for e in timeline.events if e.kind is EventKind.POLICY_SWITCHED]
+        live = (metrics[timeline.seq_id].finish_time or 0) > switched_at
+        assert [e.policy for e in switches] == (["hybrid"] if live else [])
+    assert any(e.kind is EventKind.AGED for t in timelines if t for e in t.events)
