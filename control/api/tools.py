@@ -14,6 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
+from starlette.concurrency import run_in_threadpool
+
 from control.api.structured import (
     CONFLICTING,
     INVALID_GRAMMAR,
@@ -53,6 +55,19 @@ class ToolStyle:
 
     takes_tools: bool
     format: ToolFormat
+
+
+async def style_for(
+    conversation: list[dict[str, Any]],
+    tools: ToolRequest | None,
+    model_dir: Path,
+    parser: ToolFormat | None,
+) -> ToolStyle | None:
+    """The checkpoint's tool style where the request needs it (tools offered, or calls and
+    tool answers in the conversation), off the event loop; None (and no cost) otherwise."""
+    if tools is None and not any(m["role"] == "tool" or "tool_calls" in m for m in conversation):
+        return None
+    return await run_in_threadpool(tool_style, model_dir, parser)
 
 
 @lru_cache(maxsize=4)
@@ -167,26 +182,25 @@ def check_conflicts(tools: ToolRequest | None, constraint: GrammarConstraint | N
 
 
 def for_template(
-    conversation: list[dict[str, Any]], tools: ToolRequest | None, style: ToolStyle
+    conversation: list[dict[str, Any]], tools: ToolRequest | None, style: ToolStyle | None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """The messages and tools as the template takes them: as they are for a template that
-    renders tools; otherwise in the fallback form (control/chat/tools.py), where a
-    conversation with no tools and no tool messages is left as it is."""
+    renders tools (or without a style: nothing of tools in the request); otherwise in the
+    fallback form (control/chat/tools.py)."""
+    if style is None:
+        return conversation, None
     functions = list(tools.functions) if tools is not None else []
     if style.takes_tools:
         return conversation, [f.as_tool() for f in functions] or None
-    has_calls = any(m["role"] == "tool" or "tool_calls" in m for m in conversation)
-    if not (functions or has_calls):
-        return conversation, None
     return fallback_conversation(conversation, functions, style.format), None
 
 
 async def tool_constraint(
-    tools: ToolRequest | None, style: ToolStyle, front: EngineFront
+    tools: ToolRequest | None, style: ToolStyle | None, front: EngineFront
 ) -> GrammarConstraint | None:
     """The grammar of a forced call (None for ``auto``): only calls, in the style's format,
     of the callable functions, each call's arguments valid against its schema."""
-    if tools is None or not tools.forced:
+    if tools is None or style is None or not tools.forced:
         return None
     assert front.grammars is not None  # tool_request refused a model without a tokenizer
     lark = call_grammar(tools.callable(), style.format, tools.parallel, json_rule)

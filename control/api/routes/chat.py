@@ -29,9 +29,9 @@ from control.api.structured import constraint_of
 from control.api.tools import (
     check_conflicts,
     for_template,
+    style_for,
     tool_constraint,
     tool_request,
-    tool_style,
 )
 from control.chat.render import ChatRenderer, RendererBusy
 from control.chat.schemas import ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse
@@ -72,7 +72,7 @@ async def create_chat_completion(
     constraint = await constraint_of(body.response_format, body.structured_outputs, front)
     check_conflicts(tools, constraint)
     model_dir = Path(front.config.tokenizer or front.config.model)  # --tokenizer: its template
-    style = await run_in_threadpool(tool_style, model_dir, ctx.settings.tool_call_parser)
+    style = await style_for(conversation, tools, model_dir, ctx.settings.tool_call_parser)
     messages, template_tools = for_template(conversation, tools, style)
     text = await _render(
         runtime.renderer, model_dir, messages, body.add_generation_prompt, template_tools
@@ -100,7 +100,8 @@ async def create_chat_completion(
         # the error handler reads `code` where a refusal carries one (getattr)
         renamed.code = rejection_code(exc)  # type: ignore[attr-defined]
         raise renamed from exc
-    render = Render(body, front, style.format if tools else None, tools is None or tools.parallel)
+    parse = style.format if tools is not None and style is not None else None
+    render = Render(body, front, parse, tools is None or tools.parallel)
     prompt = PromptStream(watched(runtime.text, stream, lambda: text), render)
     return await ANSWERS.answer(
         body, request_id, runtime, [prompt], request, len(token_ids), render.roles()
