@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import enum
+import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -285,7 +286,7 @@ class _Epoch:
     __slots__ = ("before", "end", "first", "last", "start")
 
     def __init__(self, start: float, hold: Hold, before: dict[WaitReason, float]) -> None:
-        self.start, self.end = start, float("inf")
+        self.start, self.end = start, math.inf
         self.first = self.last = hold
         self.before = before
 
@@ -370,6 +371,8 @@ class TimelineRecorder:
         """Forks made in this step: they prefill from the next one."""
         self._head: _Track | None = None
         self._epochs: list[_Epoch] = []
+        self._current: _Epoch | None = None
+        """The last epoch while the head is still held (its ``end`` is inf)."""
         self._starts: list[float] = []
         """Each epoch's start (for bisect)."""
         """What held the head, oldest first; the last one lasts (``end`` inf) while held."""
@@ -667,16 +670,18 @@ class TimelineRecorder:
 
     def _held(self, now: float, hold: Hold | None) -> None:
         """The head's hold at this step: the current epoch goes on or a new one starts."""
-        epochs = self._epochs
-        current = epochs[-1] if epochs and epochs[-1].end == float("inf") else None
+        current = self._current
         if current is not None:
             if hold is not None and hold.reason is current.first.reason:
                 current.last = hold
                 return
             current.end = now
+            self._current = None
         if hold is not None:
+            epochs = self._epochs
             before = epochs[-1].until(now) if epochs else {}
-            epochs.append(_Epoch(now, hold, before))
+            self._current = epoch = _Epoch(now, hold, before)
+            epochs.append(epoch)
             self._starts.append(now)
             if len(epochs) > self._trim_at:
                 self._trim()
@@ -685,7 +690,7 @@ class TimelineRecorder:
         """Drop the epochs every open wait started after."""
         oldest = min(
             (t.start for t in self._live.values() if t.phase is Phase.WAITING),
-            default=float("inf"),
+            default=math.inf,
         )
         epochs = self._epochs
         drop = bisect.bisect_right(self._starts, oldest) - 1

@@ -25,6 +25,7 @@ from pydantic import Field
 from engine.batch import ScheduledBatch
 from engine.config import EngineLimits
 from engine.kv_cache import BlockManager
+from engine.kv_step import StepChanges
 from engine.sequence import Sequence, SequenceStatus
 from engine.timeline import (
     BlocksShort,
@@ -114,6 +115,8 @@ class ContinuousPolicy(SchedulingPolicy):
         self.prefill_cap = min(params.max_prefill_tokens or self.token_budget, self.token_budget)
         self._prompt_budget = self.token_budget
         """The prompt tokens the step in planning could carry (``TokenBudget.budget``)."""
+        self._last_refusal: tuple[tuple[int, int, int], Hold] | None = None
+        """``_refused``'s last answer, by (running, room, prompt budget): most steps repeat it."""
 
     @property
     def running_cap(self) -> int:
@@ -125,6 +128,14 @@ class ContinuousPolicy(SchedulingPolicy):
         super().adopt(seqs)
         for seq in self.running:
             self.blocks.trim(seq.seq_id, seq.num_tokens)
+
+    def schedule(self, changes: StepChanges) -> ScheduledBatch:
+        batch = super().schedule(changes)
+        if (head := batch.waiting_on) is not None:
+            # the sequence refused first is the queue's head until the queue changes again
+            waiting = self.waiting
+            self._head = (id(waiting), waiting.version, head.seq)
+        return batch
 
     def _plan(self) -> ScheduledBatch:
         batch = ScheduledBatch(mode=self.name)
@@ -167,6 +178,14 @@ class ContinuousPolicy(SchedulingPolicy):
     def _refused(self, room: int) -> Hold:
         """The cap or the budget that refuses the next admission (``_may_admit``'s checks)."""
         running, cap = len(self.running), self.max_num_seqs
+        key = (running, room, self._prompt_budget)
+        if (last := self._last_refusal) is not None and last[0] == key:
+            return last[1]
+        hold = self._refusal(running, cap, room)
+        self._last_refusal = (key, hold)
+        return hold
+
+    def _refusal(self, running: int, cap: int, room: int) -> Hold:
         if running > cap:
             return Hold(WaitReason.DRAINING_CAP, SeqsFull(running, cap))
         if running >= cap:
