@@ -7,6 +7,7 @@ policy version the engine runs, and the recent statistics.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import asdict
 from typing import TYPE_CHECKING
@@ -17,9 +18,16 @@ from pydantic.dataclasses import dataclass
 from engine.cpu import ComputeChoice
 from engine.kv_stats import KVStats, ReclaimResult
 from engine.sequence import Sequence, SequenceStatus
-from engine.stats import EngineStats
+from engine.stats import EngineStats, percentile
 from engine.tenants import TenantAccount
-from engine.timeline import CauseCount, TimelineRecorder, WaitNow, WaitSummary
+from engine.timeline import (
+    CauseCount,
+    HeldShare,
+    RequestTimeline,
+    TimelineRecorder,
+    WaitNow,
+    WaitSummary,
+)
 from policies.queue import QueueSpec
 from policies.snapshot import PolicySnapshot
 from policies.spec import PolicySpec
@@ -273,9 +281,23 @@ class EngineSnapshot(BaseModel):
                 ReclaimRecord(**asdict(r), time=t) for t, r in list(stats.reclaims)[-10:]
             ),
             compute=None if compute is None else ComputeState.model_validate(compute),
-            waits=None if timelines is None else timelines.summary(now),
+            waits=None if timelines is None else _waits(timelines, now),
         )
 
 
 def _no_wait(seq_id: str, now: float) -> WaitNow | None:
     return None
+
+
+def _waits(timelines: TimelineRecorder, now: float) -> WaitSummary:
+    """The recorder's summary, with its tail: the waiting, by reason, of the requests that
+    finished in the window at or over its TTFT p99."""
+    summary = timelines.summary(now)
+    finished = timelines.finished_since(now - summary.window_s)
+    timed = [(t, ttft) for t in finished if (ttft := t.ttft) is not None]
+    p99 = percentile([ttft for _, ttft in timed], 99)
+    if p99 is None:
+        return summary
+    over: list[RequestTimeline] = [t for t, ttft in timed if ttft >= p99]
+    tail = HeldShare.summed(HeldShare(r, s) for t in over for r, s in t.waited().items())
+    return dataclasses.replace(summary, tail_ttft_s=p99, tail=tail)

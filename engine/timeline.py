@@ -163,6 +163,14 @@ class HeldShare:
     reason: WaitReason
     seconds: float
 
+    @staticmethod
+    def summed(shares: Iterable[HeldShare]) -> tuple[HeldShare, ...]:
+        """Shares by reason, in the vocabulary's order."""
+        by: dict[WaitReason, float] = {}
+        for share in shares:
+            by[share.reason] = by.get(share.reason, 0.0) + share.seconds
+        return tuple(HeldShare(r, by[r]) for r in WaitReason if r in by)
+
 
 @dataclass(frozen=True, slots=True)
 class Segment:
@@ -213,6 +221,14 @@ class RequestTimeline:
     finished: bool
     forks: tuple[RequestTimeline, ...] = ()
 
+    @property
+    def ttft(self) -> float | None:
+        """Arrival to its first token (None: none yet), as ``RequestMetrics.ttft``."""
+        for event in self.events:
+            if event.kind is EventKind.FIRST_TOKEN:
+                return event.time - self.arrival_time
+        return None
+
     def waited(self, before: float | None = None) -> dict[WaitReason, float]:
         """Seconds waited by what held the queue's head (closed segments, up to ``before``)."""
         out: dict[WaitReason, float] = {}
@@ -251,12 +267,16 @@ class HeadHold:
 class WaitSummary:
     """Where waiting time went, by what held the queue's head: ``recent`` over the last
     ``window_s`` seconds, ``total`` since the engine started (both include the waits still
-    open); ``head``: what holds the queue now (None: nobody waits, or no step named one)."""
+    open); ``head``: what holds the queue now (None: nobody waits, or no step named one);
+    ``tail``: the waiting of the requests finished in the window whose TTFT was at or over
+    the window's TTFT p99 (``tail_ttft_s``), by reason."""
 
     window_s: float
     recent: tuple[HeldShare, ...]
     total: tuple[HeldShare, ...]
     head: HeadHold | None = None
+    tail_ttft_s: float | None = None
+    tail: tuple[HeldShare, ...] = ()
 
     @classmethod
     def merged(cls, each: list[WaitSummary]) -> WaitSummary | None:
@@ -265,18 +285,12 @@ class WaitSummary:
             return None
         return cls(
             window_s=each[0].window_s,
-            recent=_summed(share for one in each for share in one.recent),
-            total=_summed(share for one in each for share in one.total),
+            recent=HeldShare.summed(share for one in each for share in one.recent),
+            total=HeldShare.summed(share for one in each for share in one.total),
             head=next((one.head for one in each if one.head is not None), None),
+            tail_ttft_s=max((o.tail_ttft_s for o in each if o.tail_ttft_s), default=None),
+            tail=HeldShare.summed(share for one in each for share in one.tail),
         )
-
-
-def _summed(shares: Iterable[HeldShare]) -> tuple[HeldShare, ...]:
-    """Shares by reason, in the vocabulary's order."""
-    by: dict[WaitReason, float] = {}
-    for share in shares:
-        by[share.reason] = by.get(share.reason, 0.0) + share.seconds
-    return tuple(HeldShare(r, by[r]) for r in WaitReason if r in by)
 
 
 class _Epoch:
@@ -556,6 +570,15 @@ class TimelineRecorder:
             hold = self._epochs[-1].last
         return WaitNow(track.reason, hold, track.ahead, max(0.0, now - track.start))
 
+    def finished_since(self, low: float) -> list[RequestTimeline]:
+        """The kept timelines of the requests that finished after ``low``, newest first."""
+        found = []
+        for timeline, _ in reversed(self._finished.values()):
+            if timeline.events[-1].time <= low:
+                break
+            found.append(timeline)
+        return found
+
     def summary(self, now: float) -> WaitSummary:
         """Where the waiting went, over the window and since the start (open waits included)."""
         low = now - self.window_s
@@ -572,7 +595,7 @@ class TimelineRecorder:
         head = self._head
         held = head.last if head is not None else None
         named = HeadHold(head.seq.seq_id, held) if head is not None and held is not None else None
-        return WaitSummary(self.window_s, _summed(recent), _summed(total), named)
+        return WaitSummary(self.window_s, HeldShare.summed(recent), HeldShare.summed(total), named)
 
     # -- internals ------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from engine.engine import LLMEngine
 from engine.front import QueuedPrompt
 from engine.outputs import RequestMetrics
 from engine.sampling_params import SamplingParams
+from engine.stats import percentile
 from engine.timeline import (
     BlocksShort,
     CauseCount,
@@ -426,6 +427,15 @@ def test_the_snapshot_says_why_each_waiting_request_waits_and_where_the_waiting_
             waited[reason] = waited.get(reason, 0.0) + seconds
     assert {s.reason: pytest.approx(s.seconds) for s in totals.total} == waited
     assert totals.head is None and totals.recent == totals.total  # all within the window
+    ttfts = {f"r{i}": t.ttft for i in range(8) if (t := engine.timeline(f"r{i}")) and t.ttft}
+    assert totals.tail_ttft_s == percentile(list(ttfts.values()), 99)
+    slowest = [engine.timeline(r) for r, ttft in ttfts.items() if ttft >= totals.tail_ttft_s]
+    tail: dict[WaitReason, float] = {}
+    for timeline in slowest:
+        assert timeline is not None
+        for reason, seconds in timeline.waited().items():
+            tail[reason] = tail.get(reason, 0.0) + seconds
+    assert {s.reason: pytest.approx(s.seconds) for s in totals.tail} == tail and tail
 
 
 def test_aging_and_a_policy_switch_are_events_in_time_order():
