@@ -411,6 +411,18 @@ class TimelineRecorder:
     ) -> None:
         """A step was planned at ``now``: who was admitted, preempted, and what held the head."""
         self._step_start = now
+        if not (admitted or preempted or self._undecided) and head is not None:
+            # most steps: the same head held for the same reason; only the figures move on
+            held, current, same = self._head, self._current, head.hold
+            if (
+                held is not None
+                and current is not None
+                and held.seq is head.seq
+                and held.reason is same.reason
+                and current.first.reason is same.reason
+            ):
+                held.last = current.last = same
+                return
         live = self._live
         hold = head.hold if head is not None else None
         for seq, cause in zip(preempted, causes, strict=True):

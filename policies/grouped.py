@@ -62,6 +62,7 @@ class PaddedGroupPolicy(SchedulingPolicy):
         self.groups_started = 0
         self._blocked: QueueHead | None = None
         """The row of the next group that found too few blocks in this step (if any)."""
+        self._last_group_hold: tuple[int, Hold] | None = None
 
     @abstractmethod
     def _form_groups(self) -> list[list[Sequence]]:
@@ -96,12 +97,17 @@ class PaddedGroupPolicy(SchedulingPolicy):
         if self._blocked is not None:
             batch.waiting_on = self._blocked
         elif self.running:
-            self._report(batch, Hold(WaitReason.GROUP_RUNNING, self._group_figures()))
+            self._report(batch, self._group_hold())
         return batch
 
-    def _group_figures(self) -> SeqsFull:
-        """The group in flight: its rows still running, against ``max_batch_size``."""
-        return SeqsFull(len(self.running), self.max_batch_size)
+    def _group_hold(self) -> Hold:
+        """The group in flight holds the queue: its rows still running, against
+        ``max_batch_size`` (the last one again while the count is unchanged)."""
+        running = len(self.running)
+        if (last := self._last_group_hold) is None or last[0] != running:
+            hold = Hold(WaitReason.GROUP_RUNNING, SeqsFull(running, self.max_batch_size))
+            last = self._last_group_hold = (running, hold)
+        return last[1]
 
     def _queue_head(self) -> Sequence | None:
         for group in self.queued_groups:
