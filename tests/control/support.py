@@ -62,7 +62,16 @@ class ServerProcess:
         self._wait_ready()
 
     def _wait_ready(self) -> None:
-        """Until ``GET /ready`` answers 200 (model loaded, engine loop running)."""
+        """Until ``GET /ready`` answers 200 (model loaded, engine loop running). A server that
+        is not ready in time is stopped before the test fails: left running, it (and the Ray
+        instance it may have started) would load the machine for the rest of the suite."""
+        try:
+            self._poll_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _poll_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             assert self.proc is not None

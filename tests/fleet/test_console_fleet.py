@@ -9,8 +9,9 @@ import signal
 import httpx
 from textual.widgets import DataTable, Static
 
-from tests.control.support import TOKEN, ServerProcess, state, wait_for
+from tests.control.support import TOKEN, ServerProcess, wait_for
 from tests.fleet.conftest import REPLICAS
+from tests.fleet.support import state
 from tests.tui.conftest import wait_for as wait_in
 from tui.app import ConsoleApp
 from tui.config import ConsoleSettings

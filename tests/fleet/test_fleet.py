@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.control.support import set_settings, sse_events, state, wait_for
+from tests.control.support import set_settings, sse_events, wait_for
 from tests.fleet.conftest import REPLICAS
-from tests.fleet.support import all_up, complete, replicas, served_by
+from tests.fleet.support import all_up, complete, replicas, served_by, state
 
 
 def test_state_shows_each_replica_and_the_totals(fleet: httpx.Client) -> None:

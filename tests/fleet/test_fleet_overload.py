@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from tests.control.support import TOKEN, ServerProcess, sse_events, state
+from tests.control.support import TOKEN, ServerProcess, sse_events
 from tests.fleet.conftest import REPLICAS, fleet_server_process
-from tests.fleet.support import all_up
+from tests.fleet.support import all_up, state
 
 if TYPE_CHECKING:
     from control.fleet.local_ray import RayAccess

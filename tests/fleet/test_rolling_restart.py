@@ -19,11 +19,10 @@ from tests.control.support import (
     ServerProcess,
     set_settings,
     sse_events,
-    state,
     wait_for,
 )
 from tests.fleet.conftest import REPLICAS
-from tests.fleet.support import all_up
+from tests.fleet.support import all_up, state
 
 STREAM_TOKENS = 600
 

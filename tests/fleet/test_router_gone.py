@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from tests.control.support import state
+from tests.fleet.support import state
 
 if TYPE_CHECKING:
     from control.fleet.local_ray import RayAccess
