@@ -21,8 +21,13 @@ $(VENV): $(STAMP)
 run: $(STAMP)
 	$(BIN)/servedeck up --demo-load --expose-text --dtype auto
 
+# Two pytest-xdist workers (TEST_WORKERS=0 runs in one process): a server-backed test waits on
+# its server and on real timeouts much of its time, so two workers fill two cores. A module's
+# tests stay on one worker, and every fleet test on one (tests/conftest.py's groups).
+# PYTEST_ARGS adds flags (.ci/run: the 20 slowest tests).
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # ruff, then mypy (configured in pyproject.toml: which packages are strict, which are the
 # ratchet's next); .ci/run runs this before the suite.

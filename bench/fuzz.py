@@ -5,7 +5,7 @@ admin token, every response check schemathesis has (``--checks all``), seeded.
 
 The run itself is the suite's fuzz test, ``tests/control/test_fuzz.py`` (schemathesis' pytest
 integration against a ``servedeck serve`` child with the tiny checkpoint), run here with more
-examples and a JSON summary; ``make test`` runs the same test with 25. This module owns what both
+examples and a JSON summary; ``make test`` runs the same test with 10. This module owns what both
 share: the schemathesis configuration, the operations left out and why, and the recorder.
 
 Per operation and auth, schemathesis runs its phases: ``examples`` (from the schema), ``coverage``
@@ -31,7 +31,7 @@ import schemathesis
 from schemathesis.errors import FailureGroup
 
 DEFAULT_SEED = 20261130
-SUITE_EXAMPLES = 25
+SUITE_EXAMPLES = 10
 REQUEST_TIMEOUT_S = 60.0
 AUTHS = ("admin", "anonymous")
 # The security scheme of the admin routes in /openapi.json (FastAPI names an HTTPBearer so).

@@ -7,7 +7,7 @@ integration with the configuration of ``bench.fuzz.fuzz_config``: every response
 all``: not_a_server_error, status_code_conformance, content_type_conformance,
 response_schema_conformance, response_headers_conformance, positive_data_acceptance,
 negative_data_rejection, missing_required_header, ignored_auth, unsupported_method, use_after_free,
-...), schema-valid and schema-violating cases, a fixed seed, and up to 25 drawn cases per operation
+...), schema-valid and schema-violating cases, a fixed seed, and up to 10 drawn cases per operation
 and auth in the fuzzing phase (``SERVEDECK_FUZZ_EXAMPLES`` raises it: ``python -m bench.fuzz`` is
 the longer run) plus the deterministic ``examples`` and ``coverage`` phases (boundary values, wrong
 types, missing fields: the cases that found defect 5). Each case is booked, never raised, so one
