@@ -94,6 +94,19 @@ class EngineConfig:
     )
     enable_prefix_caching: bool = knob(True, "share KV blocks of identical prompt prefixes")
     max_waiting: int = knob(1024, "waiting requests before new ones get 429", ge=1)
+    timelines_kept: int = knob(
+        1000,
+        "finished requests whose timelines (why each waited; no text) are kept for "
+        "GET /admin/requests/{id}/timeline",
+        ge=0,
+        le=1_000_000,
+    )
+    wait_window_s: float = knob(
+        60.0,
+        "seconds of waiting that /admin/state's waits.recent and its tail cover",
+        ge=1.0,
+        le=86400.0,
+    )
     attention_backend: Literal["auto", "torch", "triton"] = knob(
         "auto", "attention kernels: torch (CPU), triton (GPU) or auto"
     )

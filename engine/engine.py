@@ -36,7 +36,7 @@ from engine.sequence import NO_BLOCKS, Sequence
 from engine.snapshot import EngineSnapshot
 from engine.stats import EngineStats, StepRecord
 from engine.tenants import TenantLedger
-from engine.timeline import DEFAULT_TIMELINES_KEPT, RequestTimeline, TimelineRecorder
+from engine.timeline import RequestTimeline, TimelineRecorder
 from policies.base import SchedulingPolicy
 from policies.discipline import QueueDiscipline, make_discipline
 from policies.queue import FairQueue, FcfsQueue, QueueSpec
@@ -59,7 +59,6 @@ class LLMEngine:
         clock: Callable[[], float] = time.monotonic,
         policy: PolicySpec | str | Mapping[str, Any] | None = None,
         queue: QueueSpec | None = None,
-        timelines_kept: int = DEFAULT_TIMELINES_KEPT,
     ) -> None:
         self.config = config
         self.runner = runner
@@ -83,7 +82,7 @@ class LLMEngine:
         self.policy_version: int | None = None
         """The version given with the running policy to ``set_policy`` (None: not given)."""
         self.stats = EngineStats()
-        self.timelines = TimelineRecorder(timelines_kept)
+        self.timelines = TimelineRecorder(config.timelines_kept, config.wait_window_s)
         self.timelines.max_wait_s = self.policy.params.max_wait_s
         """Each request's timeline and why it waits (engine/timeline.py); engine thread only."""
         self.started_at = clock()

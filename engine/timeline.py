@@ -26,12 +26,13 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from engine.config import config_default
 from engine.sequence import Sequence, SequenceStatus
 
-DEFAULT_TIMELINES_KEPT = 1000
-"""Finished requests whose timelines are kept (the oldest goes first)."""
+DEFAULT_TIMELINES_KEPT: int = config_default("timelines_kept")
+"""Finished requests whose timelines are kept (the oldest goes first; EngineConfig's)."""
 
-DEFAULT_WAIT_WINDOW_S = 60.0
+DEFAULT_WAIT_WINDOW_S: float = config_default("wait_window_s")
 """The window of ``WaitSummary.recent``: the last this many seconds of waiting."""
 
 _EPOCHS_BEFORE_TRIM = 256

@@ -36,6 +36,8 @@ ENGINE_SETTINGS = (
     "num_kv_blocks",
     "max_model_len",
     "max_waiting",
+    "timelines_kept",
+    "wait_window_s",
     "max_num_seqs",
     "max_num_batched_tokens",
     "num_threads",

@@ -128,6 +128,7 @@ def run(
         max_num_batched_tokens=limits.max_num_batched_tokens,
         memory_reserve=limits.memory_reserve,
         max_waiting=len(arrivals) + 1,
+        timelines_kept=len(arrivals),
     )
     engine_limits = EngineLimits(
         block_size=BLOCK,
@@ -144,7 +145,6 @@ def run(
         clock=clock,
         policy=policy_spec(policy, limits),
         queue=queue,
-        timelines_kept=len(arrivals),
     )
     rng = random.Random(7)
     pending = sorted(enumerate(arrivals), key=lambda ia: ia[1].step)
@@ -275,11 +275,9 @@ def test_a_request_aborted_while_waiting_ends_in_its_wait():
 
 def test_timelines_are_bounded_and_unknown_ids_read_none():
     clock = Clock()
-    config = EngineConfig(model="none", block_size=BLOCK)
+    config = EngineConfig(model="none", block_size=BLOCK, timelines_kept=3)
     limits = EngineLimits(BLOCK, 64, 128, 8, 256)
-    engine = LLMEngine(
-        config, CostRunner(clock), limits, vocab_size=100, clock=clock, timelines_kept=3
-    )
+    engine = LLMEngine(config, CostRunner(clock), limits, vocab_size=100, clock=clock)
     params = SamplingParams(max_tokens=2, ignore_eos=True)
     for i in range(6):
         engine.add_request([1, 2, 3, i], params, f"r{i}")

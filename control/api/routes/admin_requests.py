@@ -44,8 +44,8 @@ def get_request_text(seq_id: str, text: TextDep) -> RequestText:
 
 
 TIMELINE_GONE = (
-    f"not running or waiting, nor one of the last {DEFAULT_TIMELINES_KEPT} finished "
-    "(an older one's timeline is dropped)"
+    "not running or waiting, nor one of the last finished whose timelines are kept "
+    f"(--timelines-kept, default {DEFAULT_TIMELINES_KEPT}; an older one's is dropped)"
 )
 NO_TIMELINE = f"No such request: {TIMELINE_GONE}."
 
