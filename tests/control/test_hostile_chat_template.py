@@ -21,6 +21,8 @@ from tests.control.test_chat_completions import checkpoint_copy
 from tests.control.test_lifecycle import metric
 
 TIMEOUT_S = 1.0
+SIGTERM_TIMEOUT_S = 4.0
+"""The render timeout of the SIGTERM test's server: a window its polls cannot miss."""
 MAX_OUTPUT = 4096
 SLACK_S = 3.0
 """A stopped render answers within its timeout plus this (the kill, a loaded machine)."""
@@ -59,9 +61,9 @@ def hostile_server(
     server.stop()
 
 
-def limits() -> list[str]:
+def limits(timeout_s: float = TIMEOUT_S) -> list[str]:
     return [
-        "--chat-template-timeout-s", str(TIMEOUT_S),
+        "--chat-template-timeout-s", str(timeout_s),
         "--max-chat-template-output", str(MAX_OUTPUT),
     ]  # fmt: skip
 
@@ -147,7 +149,10 @@ def test_sigterm_with_a_hostile_render_in_flight_exits_promptly(
 ) -> None:
     model = checkpoint_copy(tiny_model_dir, tmp_path / "hostile", HOSTILE)
     (workdir := tmp_path / "work").mkdir()
-    server = ServerProcess(model, workdir, [*limits(), "--drain-timeout-s", "30"], {})
+    # The render is in flight for its whole timeout: 1 s is a window a loaded machine's polls
+    # can miss (the gauge read only once the render was stopped), SIGTERM_TIMEOUT_S not.
+    args = [*limits(SIGTERM_TIMEOUT_S), "--drain-timeout-s", "30"]
+    server = ServerProcess(model, workdir, args, {})
     server.start()
     proc = server.proc
     assert proc is not None
@@ -158,7 +163,7 @@ def test_sigterm_with_a_hostile_render_in_flight_exits_promptly(
         with server.client() as http, ThreadPoolExecutor(1) as pool:
             hostile = pool.submit(chat, http, "loop")
             with server.client() as probe:
-                wait_for(lambda: metric(probe, IN_FLIGHT) == 1, timeout=TIMEOUT_S + SLACK_S)
+                wait_for(lambda: metric(probe, IN_FLIGHT) == 1, timeout=SIGTERM_TIMEOUT_S)
             start = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(30) == 0
@@ -166,7 +171,7 @@ def test_sigterm_with_a_hostile_render_in_flight_exits_promptly(
             assert "chat_template_timeout_s" in template_error(hostile.result())
     finally:
         server.stop()
-    assert took < TIMEOUT_S + SLACK_S + 3.0  # the render's timeout, then the usual shutdown
+    assert took < SIGTERM_TIMEOUT_S + SLACK_S + 3.0  # the render's timeout, then the shutdown
     for worker in workers:
         assert not worker.is_running()
     wait_for(lambda: not ours(workdir), timeout=5)  # the killed worker's replacement too
