@@ -15,7 +15,9 @@ escapes, so a string's bytes are bounded) or enums.
 Each prompt names the schema (a system message, so prompts of a schema share a cached prefix)
 and asks for one object about a subject; sampled at temperature 0.7 with a seed per request.
 
-``python -m bench.structured_validate [--per-schema 20] [--concurrency 32] [--out FILE.json]``
+``python -m bench.structured_validate [--per-schema 20] [--concurrency 32] [--threads 1]
+[--out FILE.json]`` (``--threads``: the server's torch threads; one keeps a shared machine's
+other jobs from stalling every step)
 
 Resumable: each answer is appended to ``FILE.jsonl`` beside ``--out`` as it comes; a rerun
 with the same ``--out`` sends only the requests not answered yet (on a fresh server), then
@@ -478,6 +480,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-schema", type=int, default=20)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1, help="the server's --num-threads")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     model = smollm2_gguf()
@@ -497,12 +500,16 @@ def main() -> None:
                 rows_path.parent.mkdir(parents=True, exist_ok=True)
                 with rows_path.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-        print(f"{len(rows)} {job.schema_name} constrained={job.constrained} ok={row['ok']}")
+        print(
+            f"{len(rows)} {job.schema_name} constrained={job.constrained} ok={row['ok']}",
+            flush=True,
+        )
 
     started = time.perf_counter()
     if todo:
         with tempfile.TemporaryDirectory() as workdir:
-            proc, url = start_server(model, Path(workdir), "structured-validate-admin", [])
+            flags = ["--num-threads", str(args.threads)]
+            proc, url = start_server(model, Path(workdir), "structured-validate-admin", flags)
             try:
                 with (
                     httpx.Client(base_url=url) as http,
@@ -518,6 +525,7 @@ def main() -> None:
         "cpu": cpu_name(),
         "wall_s_this_run": round(time.perf_counter() - started, 1),
         "settings": {"per_schema": args.per_schema, "concurrency": args.concurrency}
+        | {"threads": args.threads}
         | {"temperature": 0.7, "max_tokens": {n: max_tokens(s) for n, s in SCHEMAS.items()}},
         "summary": summary(rows),
         "failures": [r for r in rows if r["constrained"] and not r["ok"]],
