@@ -19,7 +19,7 @@ SEED_MAX = (1 << 64) - 1
 """The range ``torch.Generator.manual_seed`` accepts (a negative seed wraps modulo 2**64)."""
 
 
-GrammarSource = Literal["json_object", "json_schema", "regex", "choice", "tool_call"]
+GrammarSource = Literal["json_object", "json_schema", "regex", "choice", "grammar", "tool_call"]
 
 
 @dataclass(frozen=True, slots=True)

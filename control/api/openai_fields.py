@@ -110,7 +110,8 @@ class UnsupportedFields(OwnerFields):
     structured_outputs: StructuredOutputs | None = Field(
         None,
         description="vLLM's extension: one of json (a JSON Schema), regex (the whole answer "
-        "matches it) or choice (the answer is one of the strings); not with response_format.",
+        "matches it), choice (the answer is one of the strings) or grammar (llguidance's "
+        "lark); not with response_format.",
     )
 
     @field_validator("best_of")

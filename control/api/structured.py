@@ -28,6 +28,7 @@ from engine.grammar import (
     choice_grammar,
     json_object_grammar,
     json_schema_grammar,
+    lark_grammar,
     regex_grammar,
 )
 from engine.sampling_params import GrammarConstraint
@@ -43,7 +44,8 @@ SCHEMA_FIELD = "response_format.json_schema.schema"
 INVALID_SCHEMA = "invalid_json_schema"
 """``error.code`` of a schema refused (bounds, or what the grammar library refuses)."""
 INVALID_GRAMMAR = "invalid_grammar"
-"""``error.code`` of a ``structured_outputs`` regex or choice list the library refuses."""
+"""``error.code`` of a ``structured_outputs`` regex, choice list or grammar the library
+refuses."""
 CONFLICTING = "conflicting_constraints"
 """``error.code`` of a request with both ``response_format`` and ``structured_outputs``."""
 
@@ -58,7 +60,12 @@ async def constraint_of(
     formatted = response_format is not None and response_format.type != "text"
     structured = structured_outputs is not None and any(
         value is not None
-        for value in (structured_outputs.json_, structured_outputs.regex, structured_outputs.choice)
+        for value in (
+            structured_outputs.json_,
+            structured_outputs.regex,
+            structured_outputs.choice,
+            structured_outputs.grammar,
+        )
     )
     if not (formatted or structured):
         return None
@@ -106,6 +113,9 @@ def _structured(spec: StructuredOutputs) -> tuple[GrammarConstraint, str, str]:
         return schema_grammar(spec.json_, field), field, INVALID_SCHEMA
     if spec.regex is not None:
         return regex_grammar(spec.regex), "structured_outputs.regex", INVALID_GRAMMAR
+    if spec.grammar is not None:
+        field = "structured_outputs.grammar"
+        return lark_grammar(spec.grammar, "grammar"), field, INVALID_GRAMMAR
     assert spec.choice is not None
     return choice_grammar(spec.choice), "structured_outputs.choice", INVALID_GRAMMAR
 

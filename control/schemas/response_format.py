@@ -20,6 +20,7 @@ SCHEMA_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 MAX_REGEX_CHARS = 1024
 MAX_CHOICES = 256
 MAX_CHOICE_CHARS = 256
+MAX_GRAMMAR_CHARS = 16 * 1024
 
 
 class JsonSchemaFormat(BaseModel):
@@ -49,7 +50,7 @@ JSON_SCHEMA_NEEDS_ITS_SCHEMA = {
     "then": {"properties": {"json_schema": {"type": "object"}}, "required": ["json_schema"]},
 }
 """The rule across two fields, in JSON Schema (the route refuses the rest with 400)."""
-STRUCTURED_OUTPUT_KEYS = ("json", "regex", "choice")
+STRUCTURED_OUTPUT_KEYS = ("json", "regex", "choice", "grammar")
 
 
 class ResponseFormat(BaseModel):
@@ -67,9 +68,9 @@ class ResponseFormat(BaseModel):
 class StructuredOutputs(BaseModel):
     """vLLM's ``structured_outputs`` extra field (the openai client's ``extra_body``): one of
     ``json`` (a JSON Schema, as ``response_format``'s), ``regex`` (the whole answer matches it;
-    Rust's regex syntax: no lookaround, no backreferences) or ``choice`` (the answer is one of
-    the strings). vLLM's other keys (``grammar``, ``json_object``, ``structural_tag``, ...)
-    are refused by name, never ignored."""
+    Rust's regex syntax: no lookaround, no backreferences), ``choice`` (the answer is one of
+    the strings) or ``grammar`` (a grammar in llguidance's lark dialect). vLLM's other keys
+    (``json_object``, ``structural_tag``, ...) are refused by name, never ignored."""
 
     model_config = ConfigDict(
         populate_by_name=True,
@@ -89,12 +90,21 @@ class StructuredOutputs(BaseModel):
     choice: list[Annotated[StrictStr, Field(min_length=1, max_length=MAX_CHOICE_CHARS)]] | None = (
         Field(None, min_length=1, max_length=MAX_CHOICES, description="The answer is one of them.")
     )
+    grammar: StrictStr | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_GRAMMAR_CHARS,
+        description="The answer matches this grammar: llguidance's lark dialect (a start "
+        "rule, quoted strings, /regex/ terminals, %json {schema} rules).",
+    )
 
     @model_validator(mode="after")
     def _one_of(self) -> StructuredOutputs:
         given = [key for key in STRUCTURED_OUTPUT_KEYS if _alias(key) in self.model_fields_set]
         if len(given) > 1:
-            raise ValueError(f"structured_outputs takes one of json, regex, choice, not {given}")
+            raise ValueError(
+                f"structured_outputs takes one of json, regex, choice, grammar, not {given}"
+            )
         return self
 
 

@@ -217,12 +217,13 @@ def test_vllms_structured_outputs_regex_choice_and_json(server: ServerProcess) -
         {"regex": r"(yes|no), [a-z ]{3,20}\."},
         {"choice": ["yes", "no", "maybe"]},
         {"json": SCHEMAS["enum_and_bool"]},
+        {"grammar": GRAMMAR},
     ]
     bodies = [
         {"messages": question, "max_tokens": 40, "temperature": 0, "structured_outputs": kind}
         for kind in kinds
     ]
-    regex, choice, schema = (
+    regex, choice, schema, grammar = (
         answer["choices"][0] for answer in post_all(server, "/v1/chat/completions", bodies)
     )
     assert re.fullmatch(r"(yes|no), [a-z ]{3,20}\.", regex["message"]["content"]), regex
@@ -230,6 +231,14 @@ def test_vllms_structured_outputs_regex_choice_and_json(server: ServerProcess) -
         choice["message"]["content"] in ("yes", "no", "maybe") and choice["finish_reason"] == "stop"
     )
     jsonschema.validate(json.loads(schema["message"]["content"]), SCHEMAS["enum_and_bool"])
+    answer = grammar["message"]["content"]
+    assert (
+        re.fullmatch(r"(yes|no) because [a-z]{1,12}", answer) and grammar["finish_reason"] == "stop"
+    )
+
+
+GRAMMAR = 'start: ("yes" | "no") " because " WORD\nWORD: /[a-z]{1,12}/'
+"""vLLM's ``structured_outputs.grammar``: llguidance's lark."""
 
 
 class City(BaseModel):
@@ -265,7 +274,16 @@ def test_the_openai_clients_parse_gets_its_pydantic_model(server: ServerProcess)
             "structured_outputs.json",
             "invalid_json_schema",
         ),
-        ({"structured_outputs": {"grammar": "start: x"}}, "structured_outputs.grammar", None),
+        (
+            {"structured_outputs": {"grammar": "start: x"}},
+            "structured_outputs.grammar",
+            "invalid_grammar",
+        ),
+        (
+            {"structured_outputs": {"structural_tag": "x"}},
+            "structured_outputs.structural_tag",
+            None,
+        ),
         ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", None),
         (
             {"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
