@@ -29,6 +29,7 @@ from bench.report import render_document, write_outputs
 from bench.runner import RequestRecord, RunTrace
 from bench.suite import BenchOutput
 from engine.runner import Runner
+from engine.timeline import HeldShare
 from policies.queue import QueueSpec
 from sim.cost_model import CostModel
 from sim.groups import GroupFigures, by_priority, by_tenant
@@ -162,6 +163,7 @@ def simulate_all(
             output.runs.append(run)
             output.series[run["id"]] = {**kv_series(trace), "ttft": ttft_values(trace.requests)}
             print(_summary(run), flush=True)
+            print(wait_line(result.waits), flush=True)
     return output
 
 
@@ -180,6 +182,16 @@ def _summary(run: dict[str, Any]) -> str:
         if len(groups) > 1:
             lines += [f"  {label} {g.key}: {_group_line(g)}" for g in groups]
     return "\n".join(lines)
+
+
+def wait_line(waits: tuple[HeldShare, ...]) -> str:
+    """The run's waiting by what held the queue's head: each reason's share and seconds."""
+    seconds = {share.reason: share.seconds for share in waits}
+    shares = HeldShare.fractions(waits)
+    if not shares:
+        return "  waiting by reason: none"
+    parts = [f"{r.value} {f:.1%} ({seconds[r]:.2f} s)" for r, f in shares.items()]
+    return "  waiting by reason: " + ", ".join(parts)
 
 
 def _group_line(g: GroupFigures) -> str:

@@ -172,6 +172,16 @@ class HeldShare:
             by[share.reason] = by.get(share.reason, 0.0) + share.seconds
         return tuple(HeldShare(r, by[r]) for r in WaitReason if r in by)
 
+    @staticmethod
+    def fractions(shares: Iterable[HeldShare]) -> dict[WaitReason, float]:
+        """Each reason's share of the waiting (summing to 1), in the vocabulary's order; empty
+        when nothing waited."""
+        summed = HeldShare.summed(shares)
+        total = sum(share.seconds for share in summed)
+        if total <= 0:
+            return {}
+        return {share.reason: share.seconds / total for share in summed if share.seconds > 0}
+
 
 @dataclass(frozen=True, slots=True)
 class Segment:

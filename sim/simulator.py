@@ -23,6 +23,7 @@ from engine.runner import Runner
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats, StepRecord
 from engine.tenants import DEFAULT_PRIORITY, DEFAULT_TENANT
+from engine.timeline import HeldShare
 from policies.queue import QueueSpec
 from policies.spec import PolicySpec
 from sim.clock import VirtualClock
@@ -95,6 +96,9 @@ class SimResult:
     policy: PolicySpec | None = None
     engine: LLMEngine | None = None
     """The engine that ran (its policy, block manager and stats, for inspection)."""
+    waits: tuple[HeldShare, ...] = ()
+    """The run's waiting seconds by what held the queue's head, the engine's own recorder
+    (``WaitSummary.total``), read once at the end; ``HeldShare.fractions`` gives the shares."""
 
 
 def _prompt(index: int, request: TraceRequest) -> list[int]:
@@ -239,4 +243,5 @@ def simulate(
     ends = [r.metrics.finish_time for r in result.records if r.metrics.finish_time is not None]
     result.duration_s = max(ends, default=start) - start
     result.busy_s = runner.busy_s
+    result.waits = engine.timelines.summary(clock()).total
     return result

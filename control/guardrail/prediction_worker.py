@@ -20,6 +20,7 @@ from control.policy.schemas import PolicySettings, SettingPrediction
 from engine.config import EngineLimits
 from engine.stats import percentile
 from engine.tenants import ServiceCost
+from engine.timeline import HeldShare
 from sim.cost_model import CostModel, Scaled, StepShape
 from sim.groups import by_priority, by_tenant
 from sim.trace import TraceRequest
@@ -106,7 +107,8 @@ def simulate_settings(
             num_kv_blocks=blocks,
         )
         result = simulate(trace, model, setting.policy, setup, queue=setting.queue)
-        predictions.append(summarise(result.records, objectives, setting.queue.cost()))
+        cost = setting.queue.cost()
+        predictions.append(summarise(result.records, objectives, cost, result.waits))
     return predictions
 
 
@@ -114,12 +116,14 @@ def summarise(
     records: list[SimRecord],
     objectives: Objectives | None = None,
     cost: ServiceCost | None = None,
+    waits: tuple[HeldShare, ...] = (),
 ) -> SettingPrediction:
     """Output tok/s over the run (first arrival to last finish), TTFT p50/p99, TPOT p50/p99;
     with ``objectives``, goodput: requests per second of the run that met the latency
     objectives (a request without a TPOT, one token long, meets a TPOT objective). With
     objectives of one priority class, these figures are that class's. Per tenant and per
-    priority class: service shares (by ``cost``, the queue's) and latency percentiles."""
+    priority class: service shares (by ``cost``, the queue's) and latency percentiles.
+    ``waits``: the run's waiting seconds by reason (``SimResult.waits``, the whole trace's)."""
     judged = [r for r in records if objectives is None or objectives.judged(r.priority)]
     done = [r.metrics for r in judged if r.metrics.finish_time is not None]
     tokens = sum(len(m.token_times) for m in done)
@@ -142,4 +146,5 @@ def summarise(
         requests=len(done),
         tenants=by_tenant(records, cost),
         priorities=by_priority(records, cost),
+        waits=list(waits),
     )

@@ -17,6 +17,7 @@ from pydantic import (
 
 from control.core.config import MEMORY_RESERVE_BOUNDS, RECLAIM_INTERVAL_BOUNDS
 from control.schemas.errors import AdminError
+from engine.timeline import HeldShare
 from policies.queue import FcfsQueue, QueueSpec
 from policies.spec import PolicySpec
 from sim.groups import GroupFigures
@@ -140,6 +141,12 @@ class SettingPrediction(BaseModel):
         default_factory=list,
         description="Per priority class (lower is served earlier): service share, TTFT and "
         "TPOT percentiles.",
+    )
+    waits: list[HeldShare] = Field(
+        default_factory=list,
+        description="The simulated run's waiting seconds by what held the queue's head (the "
+        "engine's reasons, docs/observability.md), the whole trace's; each reason's share is "
+        "its seconds over their sum (empty: nothing waited).",
     )
 
 

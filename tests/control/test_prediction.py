@@ -149,7 +149,7 @@ def test_trace_round_trips_and_the_dry_run_predicts_both_settings(
         float("inf"),
     )
     for side, figures in zip(("current", "candidate"), expected, strict=True):
-        assert prediction[side] == pytest.approx(figures.model_dump()), side
+        assert prediction[side] == pytest.approx(figures.model_dump(mode="json")), side
         assert prediction[side]["requests"] == 3
         assert prediction[side]["output_tokens_per_s"] > 0
         assert 0 < prediction[side]["ttft_p50_s"] <= prediction[side]["ttft_p99_s"]
