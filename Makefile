@@ -21,11 +21,12 @@ $(VENV): $(STAMP)
 run: $(STAMP)
 	$(BIN)/servedeck up --demo-load --expose-text --dtype auto
 
-# Two pytest-xdist workers (TEST_WORKERS=0 runs in one process): a server-backed test waits on
-# its server and on real timeouts much of its time, so two workers fill two cores. A module's
-# tests stay on one worker, and every fleet test on one (tests/conftest.py's groups).
+# One process by default; TEST_WORKERS=2 runs two pytest-xdist workers (a module's tests on one
+# worker, every fleet test on one: tests/conftest.py's groups). On this 2-core AVX2 machine two
+# workers took 1,845 s against 2,175 s in one process, but the fleet's timing tests failed
+# beside the other worker's load (3 of 42), so they are not the default yet.
 # PYTEST_ARGS adds flags (.ci/run: the 20 slowest tests).
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 0
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
