@@ -31,16 +31,16 @@ def help_text(argv: list[str]) -> str:
     return out.getvalue()
 
 
-def flags(argv: list[str], into: dict[str, list[str]]) -> dict[str, list[str]]:
-    """``argv``'s flags and, for each subcommand its usage names, theirs (depth first)."""
+def flags(argv: list[str], into: dict[str, list[str]], parent: str = "") -> dict[str, list[str]]:
+    """``argv``'s flags and, for each subcommand its help names, theirs (depth first)."""
     text = help_text(argv)
-    if any(text == help_text(argv[:depth]) for depth in range(len(argv))):
-        return into  # a positional's choice, not a subcommand: the same help again
+    if text == parent:
+        return into  # a positional's choice, not a subcommand: its parent's help again
     _usage, _, rest = text.partition("\n\n")
     into[" ".join(argv) or "servedeck"] = sorted(set(FLAG.findall(rest)))
     if subcommands := SUBCOMMANDS.search(text):
         for name in subcommands.group(1).split(","):
-            flags([*argv, name], into)
+            flags([*argv, name], into, text)
     return into
 
 

@@ -28,22 +28,26 @@ def public(document: dict[str, Any]) -> dict[str, Any]:
     return {**document, "paths": paths}
 
 
+def differing(mine: dict[str, Any], theirs: dict[str, Any], label: str) -> list[str]:
+    return [
+        f"{label}{name}"
+        for name in sorted(mine.keys() | theirs.keys())
+        if mine.get(name) != theirs.get(name)
+    ]
+
+
 def changed(served: dict[str, Any], committed: dict[str, Any]) -> list[str]:
-    """Where the two differ: each path, each schema, each other top-level key."""
-    out: list[str] = []
-    for key in sorted(served.keys() | committed.keys()):
-        if key in ("paths", "components"):
-            continue
-        if served.get(key) != committed.get(key):
-            out.append(key)
-    for section, parent in (("paths", served), ("schemas", served.get("components", {}))):
-        other = committed if section == "paths" else committed.get("components", {})
-        mine, theirs = parent.get(section, {}), other.get(section, {})
-        out += [
-            f"{section}: {name}"
-            for name in sorted(mine.keys() | theirs.keys())
-            if mine.get(name) != theirs.get(name)
-        ]
+    """Where the two differ: each top-level key, each path, each component by its kind."""
+    nested = ("paths", "components")
+    out = differing(
+        {k: v for k, v in served.items() if k not in nested},
+        {k: v for k, v in committed.items() if k not in nested},
+        "",
+    )
+    out += differing(served.get("paths", {}), committed.get("paths", {}), "paths: ")
+    mine, theirs = served.get("components", {}), committed.get("components", {})
+    for kind in sorted(mine.keys() | theirs.keys()):
+        out += differing(mine.get(kind, {}), theirs.get(kind, {}), f"components.{kind}: ")
     return out
 
 
