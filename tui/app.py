@@ -43,6 +43,7 @@ from tui.widgets.replica_panel import ReplicaPanel
 from tui.widgets.request_table import RequestTable
 from tui.widgets.status_header import Connection, Status, StatusHeader
 from tui.widgets.trends import TrendHistory, TrendsPanel
+from tui.widgets.waits_panel import WaitsPanel
 
 REFRESH_STEPS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
@@ -87,11 +88,13 @@ class MainScreen(ConsoleScreen):
             with Vertical(id="requests-panel"):
                 yield RequestTable(id="requests", classes="panel")
                 yield Input(
-                    placeholder="filter by request id or state · enter keeps · esc clears",
+                    placeholder="filter by id, state, tenant or wait · enter keeps · esc clears",
                     id="request-filter",
                     compact=True,
                 )
-            yield BlockMap(id="kv", classes="panel")
+            with Vertical(id="side"):
+                yield BlockMap(id="kv", classes="panel")
+                yield WaitsPanel(id="waits", classes="panel")
         yield TrendsPanel(id="trends", classes="panel")
         yield Footer()
 
@@ -115,6 +118,7 @@ class MainScreen(ConsoleScreen):
         block_map.kv = state.kv
         block_map.block_map = state.block_map
         self.query_one(RequestTable).show(state.requests)
+        self.query_one(WaitsPanel).summary = state.waits
         self.query_one(TrendsPanel).show(history)
         self.query_one(ReplicaPanel).show(state, self.console.clock())
 

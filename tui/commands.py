@@ -84,7 +84,7 @@ COMMANDS: tuple[Command, ...] = (
         "Filter",
         "filter",
         scope="main",
-        help="Filter requests by id or state (esc clears)",
+        help="Filter requests by id, state, tenant or wait reason (esc clears)",
         key_display="/",
     ),
     Command(

@@ -95,6 +95,92 @@ class QueueDepths(Model):
     running: int = 0
 
 
+# -- why requests wait (issue 41; docs/observability.md) ------------------------------------
+# Reasons, phases and event kinds are plain strings, not enums: a newer server's new reason
+# is shown as it is named instead of failing the whole state.
+
+
+class Hold(Model):
+    """A constraint that held a request at a step: its reason and the figures that make it
+    concrete (``{"left", "budget", "needed"}``, ``{"needed", "free", "reserve"}``,
+    ``{"running", "cap"}`` or null; kept as sent: ``tui.waits.figures_text`` reads them)."""
+
+    reason: str
+    figures: Any = None
+
+
+class WaitNow(Model):
+    """``requests[].wait``: why a waiting request waits now (its own reason, or
+    ``behind_queue`` with the head's hold), ``ahead`` of it, seconds in this wait."""
+
+    reason: str
+    hold: Hold | None = None
+    ahead: int | None = None
+    seconds: float = 0.0
+
+
+class HeldShare(Model):
+    """Seconds of waiting attributed to what held the queue's head."""
+
+    reason: str
+    seconds: float = 0.0
+
+
+class HeadHold(Model):
+    seq_id: str
+    hold: Hold
+
+
+class WaitSummary(Model):
+    """``/admin/state``'s ``waits``: seconds by reason over the last ``window_s`` and since
+    the start, what holds the head now, and the tail (the waiting of the requests whose TTFT
+    was at or over the window's p99, ``tail_ttft_s``)."""
+
+    window_s: float = 60.0
+    recent: list[HeldShare] = Field(default_factory=list)
+    total: list[HeldShare] = Field(default_factory=list)
+    head: HeadHold | None = None
+    tail_ttft_s: float | None = None
+    tail: list[HeldShare] = Field(default_factory=list)
+
+
+class Segment(Model):
+    """A stretch of a request's life (``waiting``, ``prefill``, ``decode``; ``end`` null while
+    it lasts), on the engine's clock."""
+
+    phase: str
+    start: float
+    end: float | None = None
+    reason: str | None = None
+    first: Hold | None = None
+    last: Hold | None = None
+    ahead: int | None = None
+    held_by: list[HeldShare] = Field(default_factory=list)
+    chunks: list[int] = Field(default_factory=list)
+    resumed: bool = False
+
+
+class TimelineEvent(Model):
+    kind: str
+    time: float
+    cause: str | None = None
+    finish_reason: str | None = None
+    policy: str | None = None
+
+
+class RequestTimeline(Model):
+    """``GET /admin/requests/{id}/timeline``: segments from arrival to the end, the events
+    between them, the forks of an ``n`` > 1 request (no text: no ``--expose-text``)."""
+
+    seq_id: str
+    request_id: str = ""
+    arrival_time: float = 0.0
+    segments: list[Segment] = Field(default_factory=list)
+    events: list[TimelineEvent] = Field(default_factory=list)
+    finished: bool = False
+    forks: list[RequestTimeline] = Field(default_factory=list)
+
+
 class RequestInfo(Model):
     id: str
     state: str
@@ -106,6 +192,8 @@ class RequestInfo(Model):
     tenant: str = "default"
     priority: int = 0
     """The request's own priority: lower is served earlier (under the priority queue)."""
+    wait: WaitNow | None = None
+    """Why it waits now (a waiting request on a server that says; None otherwise)."""
 
 
 class RequestText(Model):
@@ -278,6 +366,8 @@ class AdminState(Model):
     restart: FleetRestart | None = None
     text_exposed: bool = False
     """Whether the server keeps requests' text (``--expose-text``): the detail view's source."""
+    waits: WaitSummary | None = None
+    """Where the waiting went (None from a server older than issue 41: the panel hides)."""
 
     @property
     def draining_to(self) -> int | None:

@@ -191,11 +191,11 @@ async def test_request_table_sorts_by_any_column_and_filters() -> None:
             assert column(table.sort_column) == sorted(column(table.sort_column), reverse=True)
         await pilot.press("S")
         assert column(table.sort_column) == sorted(column(table.sort_column))
-        await pilot.click(RequestTable, offset=(51, 1))  # the "Prompt" header
-        assert table.sort_column == "prompt_tokens"
-        assert column("prompt_tokens") == sorted(column("prompt_tokens"))
-        await pilot.click(RequestTable, offset=(51, 1))
-        assert column("prompt_tokens") == sorted(column("prompt_tokens"), reverse=True)
+        await pilot.click(RequestTable, offset=(44, 1))  # the "Wait s" header
+        assert table.sort_column == "wait_s"
+        assert column("wait_s") == sorted(column("wait_s"))
+        await pilot.click(RequestTable, offset=(44, 1))
+        assert column("wait_s") == sorted(column("wait_s"), reverse=True)
         await pilot.press("slash", *"wait")
         assert table.row_count == 7
         assert set(column("state")) == {"waiting"}
@@ -205,7 +205,7 @@ async def test_request_table_sorts_by_any_column_and_filters() -> None:
 
 async def test_block_map_has_one_cell_per_block_and_the_reserve_threshold() -> None:
     app = console(RecordedServer())
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with app.run_test(size=(120, 50)) as pilot:  # room for 512 cells above the waits
         await poll_times(pilot, app, 1)
         block_map = app.screen.query_one(BlockMap)
         text = str(block_map.render())

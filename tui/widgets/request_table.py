@@ -10,10 +10,13 @@ from textual.reactive import reactive
 from textual.widgets import DataTable
 
 from tui.models import RequestInfo
+from tui.waits import BEHIND, held_reason, reason_style, wait_label
 
 COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("id", "Request", 15),
     ("state", "State", 8),
+    ("wait", "Wait", 11),  # why it waits now: its reason, or ↳ what holds the queue's head
+    ("wait_s", "Wait s", 6),  # seconds in this wait
     ("tenant", "Tenant", 10),
     ("priority", "Prio", 5),  # lower is served earlier (a schedule's priority: higher wins)
     ("prompt_tokens", "Prompt", 6),
@@ -33,16 +36,35 @@ class Cell:
     tiebreak: str
     text: str
     right: bool = field(default=True, compare=False)
+    style: str = field(default="", compare=False)
 
     def __rich__(self) -> Text:
-        return Text(self.text, justify="right" if self.right else "left", no_wrap=True)
+        return Text(
+            self.text, style=self.style, justify="right" if self.right else "left", no_wrap=True
+        )
+
+
+def wait_cells(request: RequestInfo) -> tuple[Cell, Cell]:
+    """Its wait's label (coloured by what holds it) and seconds; empty when it does not wait
+    or the server does not say (older than issue 41). Those sort after every waiting one."""
+    rid, wait = request.id, request.wait
+    if wait is None:
+        return Cell("", rid, "", right=False), Cell(-1.0, rid, "")
+    text = wait_label(wait)
+    return (
+        Cell(text, rid, text, right=False, style=reason_style(held_reason(wait))),
+        Cell(wait.seconds, rid, f"{wait.seconds:.1f}"),
+    )
 
 
 def cells_for(request: RequestInfo) -> dict[str, Cell]:
     rid = request.id
+    wait, wait_s = wait_cells(request)
     return {
         "id": Cell(rid, rid, rid, right=False),
         "state": Cell(request.state, rid, request.state, right=False),
+        "wait": wait,
+        "wait_s": wait_s,
         "tenant": Cell(request.tenant, rid, request.tenant, right=False),
         "priority": Cell(request.priority, rid, str(request.priority)),
         "prompt_tokens": Cell(request.prompt_tokens, rid, str(request.prompt_tokens)),
@@ -74,7 +96,8 @@ class RequestTable(DataTable[Cell]):
 
     def matches(self, request: RequestInfo) -> bool:
         needle = self.filter_text.strip().lower()
-        fields = (request.id, request.state, request.tenant)
+        wait = "" if request.wait is None else f"{wait_label(request.wait)} {request.wait.reason}"
+        fields = (request.id, request.state, request.tenant, wait)
         return not needle or any(needle in f.lower() for f in fields)
 
     def _sync(self) -> None:
@@ -114,7 +137,7 @@ class RequestTable(DataTable[Cell]):
         if self.filter_text:
             title += f" · filter “{self.filter_text}”"
         self.border_title = title
-        self.border_subtitle = "Prio: lower is served first"
+        self.border_subtitle = f"{BEHIND}: behind the queue's head · Prio: lower is served first"
 
     def watch_filter_text(self) -> None:
         if self.is_mounted:

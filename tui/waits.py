@@ -1,0 +1,127 @@
+"""Why a request waits, as the console shows it: each reason's short label and colour class
+(one helper, as ``formatting.coloured`` is for thresholds), the figures in words, and the
+timeline's phases. The vocabulary is the server's (docs/observability.md); a reason, phase or
+figure this console does not know is shown as the server names it, never refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from textual.content import Content
+
+from tui.models import HeldShare, Hold, WaitNow
+
+WaitClass = Literal["memory", "batch", "step", "queue", "other"]
+"""What kind of constraint: KV memory, the batch's caps, the step's budget, the queue's order."""
+
+REASONS: dict[str, tuple[str, WaitClass]] = {
+    "next_step": ("next step", "step"),
+    "prompt_budget_spent": ("budget", "step"),
+    "grammar_compiling": ("grammar", "step"),
+    "kv_blocks_short": ("kv blocks", "memory"),
+    "max_num_seqs": ("max seqs", "batch"),
+    "draining_cap": ("draining", "batch"),
+    "hybrid_single": ("single", "batch"),
+    "group_running": ("group runs", "batch"),
+    "group_not_chosen": ("not chosen", "batch"),
+    "behind_queue": ("behind", "queue"),
+}
+"""Reason → (short label, class)."""
+
+CLASS_STYLES: dict[WaitClass, str] = {
+    "memory": "red",
+    "batch": "yellow",
+    "step": "cyan",
+    "queue": "magenta",
+    "other": "dim",
+}
+"""Plain colour names, not theme variables: the request table's cells are Rich text, and a
+reason has the same colour in the table, the waits panel and the timeline."""
+
+PHASE_STYLES: dict[str, str] = {"prefill": "blue", "decode": "green"}
+
+BEHIND = "↳"
+"""Marks a request waiting behind the queue's head, before what holds the head."""
+
+
+def label(reason: str) -> str:
+    return REASONS.get(reason, (reason.replace("_", " "), "other"))[0]
+
+
+def wait_class(reason: str) -> WaitClass:
+    return REASONS.get(reason, ("", "other"))[1]
+
+
+def reason_style(reason: str) -> str:
+    return CLASS_STYLES[wait_class(reason)]
+
+
+def styled_reason(reason: str) -> Content:
+    return Content.styled(label(reason), reason_style(reason))
+
+
+def held_reason(wait: WaitNow) -> str:
+    """What holds it: its own reason, or, behind the head, the head's (when the server names
+    one)."""
+    if wait.reason == "behind_queue" and wait.hold is not None:
+        return wait.hold.reason
+    return wait.reason
+
+
+def wait_label(wait: WaitNow) -> str:
+    """``kv blocks`` (its own reason) or ``↳kv blocks`` (behind a head held for KV blocks)."""
+    if wait.reason == "behind_queue" and wait.hold is not None:
+        return BEHIND + label(wait.hold.reason)
+    return label(wait.reason)
+
+
+def figures_text(figures: Any) -> str:
+    """A hold's figures in words: ``needs 12 blocks, 3 free (reserve 51)``, ``4/4 running``,
+    ``0 of 512 prompt tokens left``; figures of another shape as ``key=value``."""
+    if not isinstance(figures, Mapping) or not figures:
+        return ""
+    keys = set(figures)
+    if keys == {"needed", "free", "reserve"}:
+        needed, free, reserve = figures["needed"], figures["free"], figures["reserve"]
+        if needed is None:
+            return f"pool dry: {free} free (reserve {reserve})"
+        return f"needs {needed} blocks, {free} free (reserve {reserve})"
+    if keys == {"running", "cap"}:
+        return f"{figures['running']}/{figures['cap']} running"
+    if keys == {"left", "budget", "needed"}:
+        text = f"{figures['left']} of {figures['budget']} prompt tokens left"
+        return text + ("" if figures["needed"] is None else f", needs {figures['needed']}")
+    return " ".join(f"{k}={v}" for k, v in figures.items())
+
+
+def hold_text(hold: Hold | None) -> str:
+    """``kv blocks: needs 12 blocks, 3 free (reserve 51)``."""
+    if hold is None:
+        return ""
+    words = figures_text(hold.figures)
+    return f"{label(hold.reason)}: {words}" if words else label(hold.reason)
+
+
+def biggest_first(shares: Iterable[HeldShare]) -> list[HeldShare]:
+    """Shares summed by reason (a fleet may repeat one), the biggest first; zeros left out."""
+    by: dict[str, float] = {}
+    for share in shares:
+        by[share.reason] = by.get(share.reason, 0.0) + share.seconds
+    return [
+        HeldShare(reason=r, seconds=s) for r, s in sorted(by.items(), key=lambda i: -i[1]) if s > 0
+    ]
+
+
+def shares_text(shares: Iterable[HeldShare]) -> Content:
+    """``kv blocks 80% · max seqs 20%``, each label in its colour, the biggest first."""
+    ordered = biggest_first(shares)
+    total = sum(share.seconds for share in ordered)
+    parts: list[Content] = []
+    for share in ordered:
+        if parts:
+            parts.append(Content(" · "))
+        parts.append(styled_reason(share.reason))
+        parts.append(Content(f" {share.seconds / total:.0%}"))
+    return Content.assemble(*parts)
