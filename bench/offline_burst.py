@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from engine.cpu import cpu_features
-from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from engine.shipped_models import smollm2_gguf
+from serving.llm import LLM
 
 REQUESTS, PROMPT_RANGE, OUTPUT = 64, (192, 320), 128
 

@@ -27,10 +27,10 @@ from pydantic import TypeAdapter
 
 from engine.batch import ScheduledBatch, StepResult
 from engine.config import EngineConfig, EngineLimits
-from engine.engine import LLMEngine
 from engine.front import QueuedPrompt
 from engine.sampling_params import SamplingParams
 from policies.queue import QueueName, QueueSpec
+from serving.engine import LLMEngine
 
 POLICIES = ("continuous", "hybrid", "dynamic", "static")
 

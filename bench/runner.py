@@ -23,9 +23,7 @@ from bench.recording import EntryShape, RecordingRunner, StepTokens
 from bench.workloads import Workload
 from engine.builder import load_bundle
 from engine.config import EngineConfig, as_dtype
-from engine.engine import LLMEngine
 from engine.errors import QueueFull, RequestRejected
-from engine.faults import leak_sequence
 from engine.front import QueuedPrompt
 from engine.kv_stats import ReclaimResult
 from engine.outputs import RequestMetrics
@@ -33,6 +31,8 @@ from engine.sampling_params import SamplingParams
 from engine.stats import StepRecord
 from engine.tenants import DEFAULT_PRIORITY, DEFAULT_TENANT
 from policies.queue import QueueSpec
+from serving.engine import LLMEngine
+from serving.faults import leak_sequence
 
 STALL_S = 30.0
 """A run whose engine makes no step for this long (wall time) is cut off and marked stalled."""

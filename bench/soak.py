@@ -279,8 +279,8 @@ def settle(url: str, report: SoakReport, timeout_s: float = 60.0) -> None:
 
 
 def reference_texts(model_dir: Path, prompts: list[Prompt], wanted: set[int], config: SoakConfig):
-    from engine.llm import LLM
     from engine.sampling_params import SamplingParams
+    from serving.llm import LLM
 
     llm = LLM(model_dir, max_model_len=config.max_model_len, num_threads=config.num_threads)
     order = sorted(wanted)

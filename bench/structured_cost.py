@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.grammar import json_schema_grammar
-from engine.llm import LLM
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.shipped_models import smollm2_gguf
+from serving.llm import LLM
 
 REQUESTS, PROMPT_RANGE, OUTPUT = 64, (192, 320), 64
 SHARES = (0.0, 0.25, 1.0)

@@ -79,8 +79,8 @@ def cmd_init_model(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from engine.llm import LLM
     from engine.sampling_params import SamplingParams
+    from serving.llm import LLM
 
     llm = LLM(args.model, **{name: getattr(args, name) for name in GENERATE_FLAGS})
     params = SamplingParams(

@@ -42,10 +42,10 @@ from control.schedules.store import Schedules
 from control.service.local import LocalEngine
 from control.service.protocol import EngineService, TestingHooks
 from engine.config import EngineConfig, EngineLimits
-from engine.engine import LLMEngine
 from engine.front import EngineFront
 from engine.outputs import RequestOutput
 from policies.spec import check_caps, default_spec
+from serving.engine import LLMEngine
 
 log = logging.getLogger(__name__)
 

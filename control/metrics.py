@@ -17,9 +17,9 @@ from prometheus_client.registry import Collector
 
 from control.chat.template import RenderFailure
 from engine.outputs import RequestOutput
-from engine.snapshot import EngineSnapshot, TenantSnapshot
 from engine.tenants import OTHER_TENANT
 from engine.timeline import PreemptCause, WaitReason
+from serving.snapshot import EngineSnapshot, TenantSnapshot
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)

@@ -1,23 +1,19 @@
-"""servedeck's engine: model, paged KV cache and the step loop.
+"""servedeck's engine: model, paged KV cache, sampler, tenants and outputs (the step loop that
+drives them is ``serving/``, a floor above ``policies/``).
 
-``from engine import LLM, SamplingParams`` is the user-facing import; inside the tree, import
-from the submodules so the engine ↔ policies layering cannot become a circular import.
+``from engine import SamplingParams`` stays a user-facing import (``from serving import LLM,
+SamplingParams`` is the usual one); inside the tree, import from the submodules.
 """
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.llm import LLM
     from engine.sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["SamplingParams"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "LLM":
-        from engine.llm import LLM
-
-        return LLM
     if name == "SamplingParams":
         from engine.sampling_params import SamplingParams
 

@@ -149,7 +149,7 @@ class BlockPool:
     def store(self, table: list[int], start: int, end: int) -> None:
         """Positions ``[start, end)`` of the sequence whose blocks are ``table`` hold K/V now.
         One already stored (a forked sequence recomputes its prompt's last token,
-        engine/families.py) is not counted twice."""
+        serving/families.py) is not counted twice."""
         size = self.block_size
         fill = self.fill
         stored = fill[table[start // size]] - start % size

@@ -1,1 +1,1 @@
-"""What-if simulator: the real engine and policies on a cost-model clock (floor 4½)."""
+"""What-if simulator: the real engine and policies on a cost-model clock (floor 5)."""

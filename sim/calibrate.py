@@ -29,11 +29,11 @@ import torch
 from engine.batch import ScheduledBatch, ScheduledSeq, StepResult
 from engine.builder import ModelBundle, build_runner, load_bundle
 from engine.config import CPU_KV_CACHE_BYTES, EngineConfig
-from engine.engine import LLMEngine
 from engine.kv_pool import kv_bytes_per_block
 from engine.runner import ModelRunner, Runner
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
+from serving.engine import LLMEngine
 from sim.calibrated import FEATURES, FORMAT, fit, nnls
 from sim.cost_model import StepShape
 

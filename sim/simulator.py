@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineConfig, EngineLimits, config_default
-from engine.engine import LLMEngine
 from engine.errors import QueueFull, RequestRejected
 from engine.front import QueuedPrompt
 from engine.outputs import RequestMetrics
@@ -26,6 +25,7 @@ from engine.tenants import DEFAULT_PRIORITY, DEFAULT_TENANT
 from engine.timeline import HeldShare
 from policies.queue import QueueSpec
 from policies.spec import PolicySpec
+from serving.engine import LLMEngine
 from sim.clock import VirtualClock
 from sim.cost_model import CostModel
 from sim.runner import CostModelRunner

@@ -1,12 +1,13 @@
 """DESIGN §1's import rules, read from the source with ast (nothing is imported, so a
 violation cannot hide behind an import error and the check takes well under a second).
 
-- Imports only go down the floors (``MAY_IMPORT``); ``tui/`` imports no other package of ours
-  and ``control/`` imports it only inside a function (the CLI's lazy import).
-- ``engine/``'s lower part never imports ``policies/`` nor the engine's top part; policies
-  never import the top part. The lower part is what DESIGN names plus every engine module
-  policies reach, so a new module a policy imports is held to the rule at once.
-- ``engine/``, ``policies/`` and ``kernels/`` never import the server's frameworks.
+- Imports only go down the floors (``FLOORS``: control → bench → sim → serving → policies →
+  engine → kernels, each package importing itself and the floors below it, never one above,
+  not even inside a function); ``tui/`` imports no other package of ours and ``control/``
+  imports it only inside a function (the CLI's lazy import); ``migrations/`` and ``control/``
+  may import each other. Every top-level package of ours is on a floor.
+- ``serving/``, ``engine/``, ``policies/`` and ``kernels/`` never import the server's
+  frameworks.
 - Inside the tree, names come from submodules, never from a package's ``__init__``.
 - Nothing of ours touches Textual's private binding state (issue 12, item 6).
 - Nothing outside engine/kv_cache.py and its step transaction (engine/kv_step.py, the
@@ -37,35 +38,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+FLOORS = ("kernels", "engine", "policies", "serving", "sim", "bench", "control")
+"""The floors, bottom up: the attention kernels; the engine (KV cache, model, runner, sampler,
+tenants, outputs); the scheduling policies; the step loop that drives them (``serving/``);
+the simulator; the benchmarks; the control plane."""
 MAY_IMPORT: dict[str, frozenset[str]] = {
-    top: frozenset(may.split())
-    for top, may in {
-        "kernels": "kernels",
-        "engine": "engine kernels policies",  # policies: from the top part only
-        "policies": "policies engine kernels",  # engine: its lower part only
-        "sim": "sim engine policies kernels",
-        "bench": "bench sim engine policies kernels",
-        "control": "control bench sim engine policies kernels tui migrations",
-        "tui": "tui",
-        "migrations": "migrations control",
-    }.items()
+    **{top: frozenset(FLOORS[: i + 1]) for i, top in enumerate(FLOORS)},
+    "control": frozenset({*FLOORS, "tui", "migrations"}),
+    "tui": frozenset({"tui"}),
+    "migrations": frozenset({"migrations", "control"}),
 }
-"""Which of our packages each package may import (the floors of DESIGN §1)."""
-
-ENGINE_TOP = frozenset({"engine", "engine.engine", "engine.llm", "engine.async_engine"})
-"""engine/'s top part: the step loop and what wraps it (and the package's public face).
-Neither the lower part nor policies may import these. Another engine module may import
-``policies/`` only while no policy reaches it (else it is lower part and the check fails)."""
-ENGINE_LOWER = frozenset(
-    f"engine.{name}" for name in ("sequence", "kv_cache", "batch", "model", "runner", "sampler")
-)
-"""engine/'s lower part as DESIGN names it (``engine.model`` includes its submodules)."""
-BARE_FLOORS = ("engine", "policies", "kernels")
+"""Which of our packages each package may import: its own floor and those below (the console
+stands apart; the migrations and the control plane find each other)."""
+BARE_FLOORS = ("serving", "engine", "policies", "kernels")
 SERVER_FRAMEWORKS = frozenset(
     {"fastapi", "starlette", "uvicorn", "sqlmodel", "sqlalchemy", "alembic", "textual"}
     | {"apscheduler"}
 )
-"""What ``engine/``, ``policies/`` and ``kernels/`` never import (DESIGN §1, plus the
+"""What ``serving/``, ``engine/``, ``policies/`` and ``kernels/`` never import (DESIGN §1, plus the
 frameworks fastapi and sqlmodel are built on)."""
 PRIVATE_TEXTUAL = frozenset({"_bindings", "_merged_bindings"})
 SEAM_HOLDERS = (
@@ -77,15 +67,15 @@ SEAM_HOLDERS = (
 )
 """The routes, the jobs and the feature rooms: they hold the engine as an ``EngineService``."""
 ENGINE_IMPLEMENTATIONS = frozenset(
-    {"engine.engine", "engine.llm", "control.service.local", "control.compose"}
+    {"serving.engine", "serving.llm", "control.service.local", "control.compose"}
     | {"control.fleet.fleet", "control.fleet.client", "control.fleet.replica"}
 )
 ENGINE_CLASSES = frozenset(
     {"LLMEngine", "AsyncEngine", "LLM", "LocalEngine", "Fleet", "FleetEngine", "EngineReplica"}
 )
 MODEL_CODE = frozenset(
-    {"engine.engine", "engine.llm", "engine.builder", "engine.runner", "engine.model.llama"}
-    | {"engine.model.loader", "engine.async_engine", "kernels"}
+    {"serving.engine", "serving.llm", "engine.builder", "engine.runner", "engine.model.llama"}
+    | {"engine.model.loader", "serving.async_engine", "kernels"}
 )
 """What loads or runs the weights (``kernels`` with its submodules)."""
 FLEET_FRONT = "control.fleet"
@@ -170,23 +160,10 @@ class Tree:
                 )
 
     def reached(self, imp: Import) -> set[str]:
-        """The modules an import loads for what it uses: ``from engine import faults`` is
-        the submodule ``engine.faults``, ``from engine import LLM`` the package itself."""
+        """The modules an import loads for what it uses: ``from serving import faults`` is
+        the submodule ``serving.faults``, ``from serving import LLM`` the package itself."""
         found = {f"{imp.target}.{n}" for n in imp.names if f"{imp.target}.{n}" in self.files}
         return found | ({imp.target} if len(found) < len(imp.names) or not imp.names else set())
-
-    def engine_lower(self) -> set[str]:
-        """DESIGN's lower part plus every engine module policies reach through the engine."""
-        lower = {m for m in self.files if m.startswith("engine.") and _under(m, ENGINE_LOWER)}
-        frontier = [
-            m for i in self.imports if _top(i.source) == "policies" for m in self.reached(i)
-        ]
-        while frontier:
-            module = frontier.pop()
-            if _top(module) == "engine" and module in self.files and module not in lower:
-                lower.add(module)
-                frontier += [m for i in self.imports if i.source == module for m in self.reached(i)]
-        return lower
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -220,16 +197,11 @@ def _under(module: str, prefixes: frozenset[str]) -> bool:
 
 
 def floor_violations(tree: Tree) -> list[str]:
-    lower = tree.engine_lower()
     found = []
     for imp in tree.imports:
-        source, target, reached = _top(imp.source), _top(imp.target), tree.reached(imp)
+        source, target = _top(imp.source), _top(imp.target)
         if target in MAY_IMPORT and target not in MAY_IMPORT[source]:
             found.append(f"{imp} ({source}/ may not import {target}/)")
-        elif imp.source in lower and (target == "policies" or reached & ENGINE_TOP):
-            found.append(f"{imp} (engine's lower part imports policies or the top part)")
-        elif source == "policies" and reached & ENGINE_TOP:
-            found.append(f"{imp} (policies import only engine's lower part)")
         elif source == "control" and target == "tui" and not imp.lazy:
             found.append(f"{imp} (the console is imported lazily, inside the command)")
     return found
@@ -412,36 +384,41 @@ def test_the_tree_keeps_the_rule(rule: str) -> None:
 
 def test_the_check_sees_the_whole_tree() -> None:
     tree = Tree(ROOT)
-    assert {"engine.kv_cache", "policies.registry", "kernels.reference", "tui.app"} <= set(
-        tree.files
-    )
-    lower = tree.engine_lower()
-    assert {"engine.sequence", "engine.batch", "engine.kv_cache", "engine.config"} <= lower
-    assert not lower & ENGINE_TOP
+    assert {
+        "serving.engine",
+        "engine.kv_cache",
+        "policies.registry",
+        "kernels.reference",
+        "tui.app",
+    } <= set(tree.files)
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests"}
+    assert packages <= set(MAY_IMPORT), f"not on a floor: {packages - set(MAY_IMPORT)}"
 
 
 VIOLATIONS = {
     "floors": {
         "engine/sequence.py": "from policies.base import PolicySpec\n",
-        "engine/batch.py": "from engine.llm import LLM\n",  # lower part reaching up
+        "engine/batch.py": "def lazy():\n    from serving.llm import LLM\n",  # even lazily
         "tui/app.py": "def lazy():\n    from control.cli import main\n",
         "kernels/ops.py": "import engine.sequence\n",
-        "policies/static.py": "from engine.engine import LLMEngine\n",
+        "policies/static.py": "from serving.engine import LLMEngine\n",
+        "serving/engine.py": "from sim.simulator import Simulator\n",
+        "sim/simulator.py": "from bench.runner import run\n",
         "control/cli.py": "from tui.app import App\n",
     },
     "frameworks": {"policies/static.py": "from fastapi import FastAPI\n"},
     "package_init": {
-        "bench/run.py": "from engine import LLM\n",
-        "control/x.py": "import engine\n\nengine.LLM()\n",
+        "bench/run.py": "from serving import LLM\n",
+        "control/x.py": "import serving\n\nserving.LLM()\n",
     },
     "private_textual": {"tui/app.py": "app._bindings = None\ngetattr(app, '_bindings')\n"},
     "block_manager_private": {"bench/run.py": "engine.blocks._tables.pop('a')\n"},
     "engine_seam": {
-        "control/api/routes/chat.py": "from engine.engine import LLMEngine\n",
+        "control/api/routes/chat.py": "from serving.engine import LLMEngine\n",
         "control/jobs/maintenance.py": "from control.service.local import LocalEngine\n",
     },
     "module_state": {
-        "control/server.py": "from engine.llm import LLM\n\nENGINE = LLM.from_config(None)\n",
+        "control/server.py": "from serving.llm import LLM\n\nENGINE = LLM.from_config(None)\n",
         "engine/batch.py": "STATE = 0\n\n\ndef bump():\n    global STATE\n",
     },
     "fleet_front": {"control/fleet/fleet.py": "from control.front_helpers import load\n"},
@@ -456,8 +433,11 @@ VIOLATIONS = {
 @pytest.mark.parametrize("rule", RULES)
 def test_a_deliberate_violation_fails_the_rule(rule: str, tmp_path: Path) -> None:
     clean = {
-        "engine/__init__.py": "from engine.llm import LLM\n",
-        "engine/llm.py": "from engine.sequence import Sequence\nfrom policies.base import S\n",
+        "serving/__init__.py": "from serving.llm import LLM\n",
+        "serving/llm.py": "from engine.sequence import Sequence\nfrom policies.base import S\n",
+        "serving/engine.py": "from serving.commands import CommandQueue\n",
+        "serving/commands.py": "",
+        "engine/__init__.py": "",
         "engine/sequence.py": "import torch\n",
         "engine/kv_cache.py": "class BlockManager:\n    def __init__(s):\n        s._tables = {}\n",
         "engine/batch.py": "from engine.sequence import Sequence\n",
@@ -482,12 +462,13 @@ def test_a_deliberate_violation_fails_the_rule(rule: str, tmp_path: Path) -> Non
         "control/api/routes/chat.py": "from control.service.protocol import EngineService\n",
         "control/service/protocol.py": "from engine.batch import Batch\n",
         "control/jobs/maintenance.py": "from control.service.protocol import EngineService\n",
-        "control/server.py": "from engine.llm import LLM\n\n\ndef main():\n    LLM()\n",
+        "control/server.py": "from serving.llm import LLM\n\n\ndef main():\n    LLM()\n",
         "control/fleet/__init__.py": "",
         "control/fleet/fleet.py": "from control.service.protocol import EngineService\n",
-        "control/fleet/replica.py": "def build():\n    from engine.engine import LLMEngine\n",
+        "control/fleet/replica.py": "def build():\n    from serving.engine import LLMEngine\n",
         "control/front_helpers.py": "from engine.model.llama import Llama\n",
-        "engine/engine.py": "",
+        "sim/__init__.py": "",
+        "sim/simulator.py": "from serving.engine import LLMEngine\n",
     }
     for name, text in clean.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

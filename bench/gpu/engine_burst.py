@@ -20,10 +20,10 @@ from bench.gpu.shapes import Shapes
 from bench.gpu.timing import sync
 
 if TYPE_CHECKING:
-    from engine.engine import LLMEngine
     from engine.outputs import RequestOutput
     from engine.sampling_params import SamplingParams
     from kernels.registry import BackendChoice
+    from serving.engine import LLMEngine
 
 
 class EngineTimeout(Exception):
@@ -52,10 +52,10 @@ def run_engine(s: Shapes, device: torch.device, timeout_s: int) -> dict[str, Any
     from engine.builder import RandomWeights, load_bundle
     from engine.checkpoint import PRESETS
     from engine.config import EngineConfig
-    from engine.engine import LLMEngine
     from engine.sampling_params import SamplingParams
     from engine.stats import percentile
     from kernels.registry import resolve_backend
+    from serving.engine import LLMEngine
 
     preset = PRESETS[s.engine_preset]
     prompts = [

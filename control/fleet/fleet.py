@@ -38,11 +38,11 @@ from control.service.protocol import EngineService, PeriodicJob, ReplicaControl
 from engine.config import EngineConfig
 from engine.front import EngineFront, QueuedPrompt
 from engine.kv_stats import KVIntegrity, ReclaimResult
-from engine.loop_health import LoopHealth
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.snapshot import EngineSnapshot
 from engine.timeline import RequestTimeline
+from serving.loop_health import LoopHealth
+from serving.snapshot import EngineSnapshot
 
 if TYPE_CHECKING:  # the modules importing ray load once connect() set Ray's environment
     from control.fleet.client import FleetEngine, FleetStream

@@ -10,7 +10,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from control.metrics import ControlMetrics, EngineCollector
-from engine.snapshot import EngineSnapshot
+from serving.snapshot import EngineSnapshot
 
 
 class FleetCollector(Collector):

@@ -49,7 +49,7 @@ class EngineReplica:
         restarts a dead replica with these same arguments; the control plane's reconcile job
         then pushes the active version to it (it reports the version it runs)."""
         from control.service.local import LocalEngine  # the model code loads in the replica only
-        from engine.engine import LLMEngine
+        from serving.engine import LLMEngine
 
         in_force = PolicySettings.model_validate(settings)
         self.id = replica_id()

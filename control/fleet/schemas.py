@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from control.schemas import state
 from engine.kv_stats import KVStats, ReclaimResult
-from engine.snapshot import EngineSnapshot
+from serving.snapshot import EngineSnapshot
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from engine.kv_stats import KVIntegrity, KVStats
-from engine.snapshot import (
+from engine.timeline import CauseCount, WaitSummary
+from policies.snapshot import PolicySnapshot
+from serving.snapshot import (
     EngineSnapshot,
     Latency,
     Percentiles,
@@ -16,8 +18,6 @@ from engine.snapshot import (
     Throughput,
     Totals,
 )
-from engine.timeline import CauseCount, WaitSummary
-from policies.snapshot import PolicySnapshot
 
 MAX_RECLAIMS = 10
 

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from engine.loop_health import LoopHealth
+from serving.loop_health import LoopHealth
 
 log = logging.getLogger(__name__)
 

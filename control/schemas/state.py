@@ -12,7 +12,11 @@ from pydantic import (
 
 from control.models import ReclaimRunBase
 from engine.kv_stats import KVStats
-from engine.snapshot import (
+from engine.timeline import WaitSummary
+from policies.queue import FcfsQueue, QueueSpec
+from policies.snapshot import PolicySnapshot
+from policies.spec import PolicySpec
+from serving.snapshot import (
     ComputeState,
     Latency,
     QueueDepths,
@@ -21,10 +25,6 @@ from engine.snapshot import (
     Throughput,
     Totals,
 )
-from engine.timeline import WaitSummary
-from policies.queue import FcfsQueue, QueueSpec
-from policies.snapshot import PolicySnapshot
-from policies.spec import PolicySpec
 
 
 class ReclaimRun(ReclaimRunBase):
@@ -56,7 +56,7 @@ throughput, latency and totals are the engine snapshot's own models too."""
 
 
 class AdminState(BaseModel):
-    """``/admin/state``: the engine's snapshot (engine/snapshot.py), read by attribute, with
+    """``/admin/state``: the engine's snapshot (serving/snapshot.py), read by attribute, with
     the control plane's version and its recorded reclaim sweeps."""
 
     version: int

@@ -22,15 +22,15 @@ from control.jobs.memory_trim import TICK_S as MEMORY_TRIM_TICK_S
 from control.jobs.memory_trim import MemoryTrim
 from control.policy.schemas import PolicySettings
 from control.service.protocol import EngineService, PeriodicJob, ReplicaControl
-from engine.async_engine import AsyncEngine, RequestStream
-from engine.engine import LLMEngine
 from engine.front import EngineFront, QueuedPrompt
 from engine.kv_stats import KVIntegrity, ReclaimResult
-from engine.loop_health import LoopHealth
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.snapshot import EngineSnapshot
 from engine.timeline import RequestTimeline
+from serving.async_engine import AsyncEngine, RequestStream
+from serving.engine import LLMEngine
+from serving.loop_health import LoopHealth
+from serving.snapshot import EngineSnapshot
 
 
 class Awaited(Protocol):

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Protocol
 
 from engine.front import EngineFront, QueuedPrompt
 from engine.kv_stats import KVIntegrity, ReclaimResult
-from engine.loop_health import LoopHealth
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.snapshot import EngineSnapshot
 from engine.timeline import RequestTimeline
+from serving.loop_health import LoopHealth
+from serving.snapshot import EngineSnapshot
 
 if TYPE_CHECKING:
     from control.fleet.schemas import ReplicaView, RestartView
@@ -78,7 +78,7 @@ class ReplicaControl(Protocol):
 
 
 class TestingHooks(Protocol):
-    """Faults the tests inject (engine/faults.py); mounted under ``SERVEDECK_TESTING=1`` only."""
+    """Faults the tests inject (serving/faults.py); mounted under ``SERVEDECK_TESTING=1`` only."""
 
     def leak(self, request_id: str) -> bool: ...
 

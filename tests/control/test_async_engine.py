@@ -10,13 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.async_engine import AsyncEngine
 from engine.batch import ScheduledBatch, StepResult
 from engine.config import EngineConfig, EngineLimits
-from engine.engine import LLMEngine
 from engine.errors import EngineStepError, EngineStopped
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from serving.async_engine import AsyncEngine
+from serving.engine import LLMEngine
 
 TOKEN = 7
 

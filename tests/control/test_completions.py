@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.llm import LLM
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from serving.llm import LLM
 from tests.control.support import ADMIN, ServerProcess, set_settings, sse_events, state, wait_for
 
 PROMPTS: list[str | list[int]] = [

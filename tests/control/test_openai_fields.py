@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.llm import LLM
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from serving.llm import LLM
 from tests.control.support import ServerProcess, sse_events, state, wait_for
 
 PROMPT = "The quick brown fox jumps over the lazy dog and"

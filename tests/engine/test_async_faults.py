@@ -1,7 +1,7 @@
 """AsyncEngine around the real tiny model: a request whose sampling row fails gets
 ``RequestFailed`` on its own stream while its neighbour runs on; the watchdog's view of the
-loop (``loop_health``) while idle, busy and stalled (``engine.faults.stall``); the test-only
-leak through ``engine.faults``."""
+loop (``loop_health``) while idle, busy and stalled (``serving.faults.stall``); the test-only
+leak through ``serving.faults``."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.engine import LLMEngine
 from engine.errors import EngineStepError, RequestFailed
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
+from serving.async_engine import AsyncEngine
+from serving.engine import LLMEngine
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 PROMPT = [11, 12, 13, 14, 15]
@@ -34,7 +34,7 @@ class FailingRowSampler(Sampler):
 
 @pytest.fixture(scope="module")
 def solo(tiny_model_dir) -> list[int]:
-    from engine.llm import LLM
+    from serving.llm import LLM
 
     return LLM(tiny_model_dir).generate([PROMPT], GREEDY)[0].token_ids
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.engine import LLMEngine
 from engine.errors import QueueFull, RequestRejected
 from engine.front import QueuedPrompt
 from engine.sampling_params import SamplingParams
+from serving.async_engine import AsyncEngine
+from serving.engine import LLMEngine
 
 MAX_WAITING = 4
 PARAMS = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)

@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from engine.checkpoint import PRESETS, build_tokenizer, default_model_dir, hf_config, init_model
-from engine.llm import LLM
 from engine.model.config import ModelConfig
 from engine.sampling_params import SamplingParams
+from serving.llm import LLM
 
 
 def test_preset_sizes_match_the_spec(tiny_model_dir):

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from serving.llm import LLM
 
 
 def _workload(seed: int = 3) -> tuple[list[list[int]], list[SamplingParams]]:

@@ -9,10 +9,10 @@ from pydantic import ValidationError
 
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.engine import LLMEngine
 from engine.errors import QueueFull, RequestRejected
-from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from serving.engine import LLMEngine
+from serving.llm import LLM
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 

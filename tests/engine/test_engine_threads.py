@@ -6,8 +6,8 @@ import threading
 
 from engine.batch import StepResult
 from engine.config import EngineConfig, EngineLimits
-from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from serving.engine import LLMEngine
 
 
 class EchoRunner:

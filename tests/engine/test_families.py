@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from engine.errors import CheckpointError
-from engine.llm import LLM
 from engine.model.config import ModelConfig
 from engine.sampling_params import SamplingParams
+from serving.llm import LLM
 from tests.reference import HFReference, assert_same_as_reference
 
 POLICIES = ("continuous", "static", "dynamic", "hybrid")

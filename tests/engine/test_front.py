@@ -13,10 +13,10 @@ import pytest
 
 from engine.builder import RandomWeights, load_bundle
 from engine.config import EngineConfig
-from engine.engine import LLMEngine
 from engine.errors import CheckpointError, RequestRejected
 from engine.front import EngineFront
 from engine.sampling_params import SamplingParams
+from serving.engine import LLMEngine
 from tests.engine.gguf_support import write_llama_q8
 
 ROOT = Path(__file__).resolve().parents[2]

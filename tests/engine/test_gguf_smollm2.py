@@ -11,9 +11,9 @@ import torch
 
 from control.chat.template import load_chat_template
 from engine.gguf_tokenizer import gguf_tokenizer
-from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from engine.shipped_models import smollm2_gguf
+from serving.llm import LLM
 from tests.engine.gguf_texts import varied_texts
 
 PATH = smollm2_gguf()

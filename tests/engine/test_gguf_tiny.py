@@ -15,10 +15,10 @@ from gguf import GGMLQuantizationType, GGUFWriter
 
 from engine.errors import CheckpointError
 from engine.gguf_tokenizer import gguf_tokenizer
-from engine.llm import LLM
 from engine.model.config import ModelConfig
 from engine.model.gguf_file import GGUFCheckpoint
 from engine.sampling_params import SamplingParams
+from serving.llm import LLM
 from tests.engine.gguf_support import write_llama_q8, write_qwen2_f16
 from tests.engine.gguf_texts import varied_texts
 

@@ -27,8 +27,8 @@ from engine.grammar import (
     regex_grammar,
 )
 from engine.grammar_mask import mask_logits, unpack_bitmask
-from engine.llm import LLM
 from engine.sampling_params import GrammarConstraint, SamplingParams
+from serving.llm import LLM
 
 PROMPT = list(range(100, 140))
 SCHEMAS = {

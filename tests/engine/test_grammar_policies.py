@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from engine.grammar import choice_grammar, json_schema_grammar, regex_grammar
-from engine.llm import LLM
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from serving.llm import LLM
 from tests.engine.test_grammar import LONG_ARRAY, SCHEMAS, valid
 
 POLICIES = ("static", "dynamic", "continuous", "hybrid")

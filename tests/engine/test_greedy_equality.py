@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from serving.llm import LLM
 from tests.reference import (
     HFReference,
     assert_same_as_reference,

@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from engine.batch import StepResult
-from engine.engine import LLMEngine
-from engine.llm import LLM
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
+from serving.engine import LLMEngine
+from serving.llm import LLM
 from tests.reference import HFReference
 
 TOLERANCE = 1e-4

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.llm import LLM
 from engine.model.config import ModelConfig
 from engine.model.rope import inverse_frequencies
 from engine.sampling_params import SamplingParams
+from serving.llm import LLM
 
 LLAMA3_SCALING = {
     "rope_type": "llama3",

@@ -1,4 +1,4 @@
-"""``n`` > 1: one request, ``n`` sequences forked off its computed prompt (engine/families.py).
+"""``n`` > 1: one request, ``n`` sequences forked off its computed prompt (serving/families.py).
 
 Greedy choices equal the solo greedy text under every policy; seeded sampling is reproducible
 and choice i draws as a solo request seeded ``seed + i`` would; the prompt's blocks are shared
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.async_engine import AsyncEngine
 from engine.batch import StepResult
-from engine.engine import LLMEngine
 from engine.errors import RequestFailed
-from engine.llm import LLM
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from serving.async_engine import AsyncEngine
+from serving.engine import LLMEngine
+from serving.llm import LLM
 
 POLICIES = ["continuous", "static", "dynamic", "hybrid"]
 PROMPT = list(range(100, 140))  # 40 tokens: 2.5 blocks of 16

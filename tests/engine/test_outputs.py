@@ -12,9 +12,9 @@ import pickle
 import pytest
 from pydantic import TypeAdapter
 
-from engine.llm import LLM
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
+from serving.llm import LLM
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 from bench.linear_products import SHAPES
 from engine.config import EngineConfig
-from engine.llm import LLM
 from engine.model.products import PLAIN, Product, ProductPlan, plan_products
 from engine.sampling_params import SamplingParams
+from serving.llm import LLM
 
 ONEDNN = ProductPlan("onednn")
 ROWS = (1, 2, 7, 63, 64, 300)

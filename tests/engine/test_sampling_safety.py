@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from engine.batch import FAILED_TOKEN
-from engine.llm import LLM
 from engine.sampler import Sampler
 from engine.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 from engine.sequence import Sequence
+from serving.llm import LLM
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 NEIGHBOUR = [11, 12, 13, 14, 15, 16, 17]

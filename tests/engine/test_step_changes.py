@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from engine.batch import FAILED_TOKEN, ScheduledBatch, StepResult
-from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from serving.llm import LLM
 
 POLICIES = ("static", "dynamic", "continuous", "hybrid")
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.llm import LLM
 from engine.parallel.world import TensorParallelError
 from engine.sampling_params import SamplingParams
+from serving.llm import LLM
 from tests.reference import HFReference, assert_same_as_reference, max_tokens_for, mixed_prompts
 
 PICK = (0, 2, 4, 5, 7, 9, 11, 14)
@@ -145,7 +145,7 @@ def test_a_stuck_worker_fails_the_step_after_the_timeout_never_a_hang(tiny_model
 def test_ranks_stop_when_the_process_exits_without_close(tiny_model_dir):
     """A plain script that never closes its LLM leaves no rank behind (atexit)."""
     script = (
-        "from engine.llm import LLM\n"
+        "from serving.llm import LLM\n"
         f"llm = LLM({str(tiny_model_dir)!r}, tensor_parallel_size=2, num_kv_blocks=64)\n"
         "print(*llm._bundle.parallel.pids, flush=True)\n"
     )

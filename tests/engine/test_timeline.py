@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from engine.batch import ScheduledBatch, StepResult
 from engine.config import EngineConfig, EngineLimits
-from engine.engine import LLMEngine
 from engine.front import QueuedPrompt
 from engine.outputs import RequestMetrics
 from engine.sampling_params import SamplingParams
@@ -36,6 +35,7 @@ from engine.timeline import (
     WaitReason,
 )
 from policies.queue import FairQueue, FcfsQueue, PriorityQueue, QueueSpec
+from serving.engine import LLMEngine
 
 BLOCK = 16
 OWN_REASONS = (

@@ -71,8 +71,8 @@ def test_a_long_shared_prefix_lands_on_the_replica_caching_it(fleet: httpx.Clien
 
 
 def test_greedy_output_equals_one_engines(fleet: httpx.Client, tiny_model_dir: Path) -> None:
-    from engine.llm import LLM
     from engine.sampling_params import SamplingParams
+    from serving.llm import LLM
 
     prompts = ["hello world", "the quick brown fox", "servedeck scales out"]
     llm = LLM(str(tiny_model_dir), device="cpu", dtype="float32", num_kv_blocks=128)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import random
 
-from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from kernels.decode_gather import RELAYOUT_STEPS, WIDTH_HEADROOM
+from serving.llm import LLM
 from tests.kernels.test_backends import BLOCK, Seq, World
 
 

@@ -10,11 +10,11 @@ import pytest
 
 from engine.batch import ScheduledBatch, StepResult
 from engine.config import EngineConfig, EngineLimits
-from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from policies.base import DEFAULT_MAX_WAIT_S
 from policies.registry import params_schemas
 from policies.spec import default_spec
+from serving.engine import LLMEngine
 
 POLICIES = ("static", "dynamic", "continuous", "hybrid")
 MAX_WAIT_S = 10.0

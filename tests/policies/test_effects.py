@@ -7,9 +7,9 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from policies.spec import parse_spec
+from serving.llm import LLM
 
 
 def _mixed_workload(n: int = 24, seed: int = 5) -> list[tuple[list[int], SamplingParams]]:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from engine.engine import LLMEngine
-from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from serving.engine import LLMEngine
+from serving.llm import LLM
 
 SWITCH_AT = 4
 Workload = list[tuple[list[int], SamplingParams]]

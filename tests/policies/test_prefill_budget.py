@@ -14,13 +14,13 @@ from pydantic import ValidationError
 
 from engine.batch import ScheduledBatch, StepResult
 from engine.config import EngineConfig, EngineLimits
-from engine.engine import LLMEngine
-from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from policies.continuous import DEFAULT_MAX_PREFILL_TOKENS, ContinuousParams
 from policies.hybrid import HybridParams
 from policies.registry import as_spec
 from policies.spec import default_spec, parse_spec
+from serving.engine import LLMEngine
+from serving.llm import LLM
 from tests.reference import HFReference, assert_same_as_reference, max_tokens_for, mixed_prompts
 
 BUDGETED = ("continuous", "hybrid")

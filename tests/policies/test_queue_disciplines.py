@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from engine.batch import ScheduledBatch, StepResult
 from engine.config import EngineConfig, EngineLimits
-from engine.engine import LLMEngine
 from engine.errors import QueueFull, QuotaExceeded
 from engine.front import QueuedPrompt
 from engine.sampling_params import SamplingParams
 from policies.queue import FairQueue, FcfsQueue, PriorityQueue, QueueSpec
+from serving.engine import LLMEngine
 
 POLICIES = ("static", "dynamic", "continuous", "hybrid")
 

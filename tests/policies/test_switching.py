@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from serving.llm import LLM
 
 POLICIES = ("static", "dynamic", "continuous", "hybrid")
 SWITCH_AT = (3, 9, 16)

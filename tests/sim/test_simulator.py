@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from engine.batch import ScheduledBatch, StepResult
-from engine.engine import LLMEngine
 from engine.kv_cache import BlockManager
 from engine.runner import Runner
 from policies.registry import POLICIES
+from serving.engine import LLMEngine
 from sim.clock import VirtualClock
 from sim.cost_model import CostModel, StepShape
 from sim.runner import CostModelRunner

@@ -71,7 +71,7 @@ def test_console_imports_nothing_of_the_server_side() -> None:
     import subprocess
     import sys
 
-    ours = ["engine", "control", "policies", "kernels", "bench", "migrations", "torch"]
+    ours = ["serving", "engine", "control", "policies", "kernels", "bench", "migrations", "torch"]
     code = (
         "import sys, tui.app, tui.client\n"
         f"bad = [m for m in sys.modules if m.split('.')[0] in {ours!r}]\n"

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from control.api.deps import ContextDep
-from engine.snapshot import EngineSnapshot
+from serving.snapshot import EngineSnapshot
 
 router = APIRouter(tags=["public"])
 

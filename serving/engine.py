@@ -3,7 +3,7 @@
 ``LLMEngine`` is driven by exactly one thread (its owner): the offline ``LLM`` calls ``step()``
 itself; the server's ``AsyncEngine`` runs it on a background thread. Any other thread may add
 requests or issue commands (policy switch, memory reserve, reclaim, abort, snapshot): they go
-through the ``CommandQueue`` (engine/commands.py) and are applied at the next step boundary,
+through the ``CommandQueue`` (serving/commands.py) and are applied at the next step boundary,
 so a switch never lands in the middle of a batch.
 """
 
@@ -21,10 +21,8 @@ import torch
 from tokenizers import Tokenizer
 
 from engine.batch import ScheduledBatch, StepInfo, StepResult
-from engine.commands import CommandQueue
 from engine.config import EngineConfig, EngineLimits, config_options
 from engine.errors import QueueFull, RequestRejected
-from engine.families import Families, child_seed
 from engine.front import EngineFront, Prompt, QueuedPrompt, request_ids
 from engine.kv_cache import BlockManager
 from engine.kv_stats import KVIntegrity, KVStats, ReclaimResult
@@ -33,7 +31,6 @@ from engine.outputs import RequestMetrics, RequestOutput
 from engine.runner import Runner
 from engine.sampling_params import SamplingParams
 from engine.sequence import NO_BLOCKS, Sequence
-from engine.snapshot import EngineSnapshot
 from engine.stats import EngineStats, StepRecord
 from engine.tenants import TenantLedger
 from engine.timeline import RequestTimeline, TimelineRecorder
@@ -42,6 +39,9 @@ from policies.discipline import QueueDiscipline, make_discipline
 from policies.queue import FairQueue, FcfsQueue, QueueSpec
 from policies.registry import as_spec, make_policy
 from policies.spec import PolicySpec
+from serving.commands import CommandQueue
+from serving.families import Families, child_seed
+from serving.snapshot import EngineSnapshot
 
 if TYPE_CHECKING:
     from engine.builder import ModelBundle
@@ -89,7 +89,7 @@ class LLMEngine:
         self.wakeup = threading.Event()
         self._sequences: dict[str, Sequence] = {}
         self.families = Families()
-        """Requests with ``n`` > 1 (engine/families.py), until they end."""
+        """Requests with ``n`` > 1 (serving/families.py), until they end."""
         self._inbox: deque[Sequence] = deque()
         self._inbox_lock = threading.Lock()
         self.commands = CommandQueue(self.wakeup, self._drain_inbox)

@@ -25,13 +25,13 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
-from engine import faults
-from engine.engine import LLMEngine
 from engine.errors import EngineStepError, EngineStopped, RequestFailed, RequestRejected
 from engine.front import Prompt, QueuedPrompt, request_ids
-from engine.loop_health import LoopHealth
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from serving import faults
+from serving.engine import LLMEngine
+from serving.loop_health import LoopHealth
 
 log = logging.getLogger(__name__)
 
@@ -187,14 +187,14 @@ class AsyncEngine:
         return streams
 
     def leak(self, request_id: str, timeout: float = 30.0) -> bool:
-        """Test only (engine.faults): drop a request but keep its blocks (what the reclaim
+        """Test only (serving.faults): drop a request but keep its blocks (what the reclaim
         sweep must fix). Its stream ends with an error since no more outputs will come."""
         leaked = faults.leak_sequence(self.engine, request_id).result(timeout)
         self._fail(request_id, EngineStepError("the request was dropped by the test-only leak"))
         return leaked
 
     def stall(self, seconds: float) -> Future[float]:
-        """Test only (engine.faults): the next step with requests in flight blocks the loop
+        """Test only (serving.faults): the next step with requests in flight blocks the loop
         for ``seconds``. Resolves once the stall is over."""
         return faults.stall(self.engine, seconds)
 

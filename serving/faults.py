@@ -15,7 +15,7 @@ from engine.batch import ScheduledBatch, StepResult
 from engine.runner import Runner
 
 if TYPE_CHECKING:
-    from engine.engine import LLMEngine
+    from serving.engine import LLMEngine
 
 
 def leak_sequence(engine: LLMEngine, request_id: str) -> Future[bool]:

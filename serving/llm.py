@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from engine.builder import load_bundle
 from engine.config import EngineConfig
-from engine.engine import LLMEngine
 from engine.errors import QueueFull
 from engine.front import Prompt
 from engine.kv_stats import KVStats, ReclaimResult
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.shipped_models import embedded_default
+from serving.engine import LLMEngine
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
