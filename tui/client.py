@@ -25,6 +25,7 @@ from tui.models import (
     PolicyView,
     ReclaimRun,
     RequestText,
+    RequestTimeline,
     ScheduleList,
 )
 
@@ -106,6 +107,7 @@ class ConsoleClient(Protocol):
     async def guardrail_decisions(self, limit: int = 10) -> DecisionList: ...
     async def update_guardrail(self, update: dict[str, Any]) -> GuardrailView: ...
     async def request_text(self, seq_id: str) -> RequestText: ...
+    async def request_timeline(self, seq_id: str) -> RequestTimeline: ...
     async def aclose(self) -> None: ...
 
 
@@ -237,6 +239,12 @@ class HttpClient:
         once its text is dropped); a fork's ``#`` goes in the path encoded."""
         path = f"/admin/requests/{quote(seq_id, safe='')}"
         return (await self._call("GET", path, RequestText))[0]
+
+    async def request_timeline(self, seq_id: str) -> RequestTimeline:
+        """One request's timeline and why it waited (no text: no ``--expose-text`` needed;
+        404 for an unknown or dropped id, and from a server older than the route)."""
+        path = f"/admin/requests/{quote(seq_id, safe='')}/timeline"
+        return (await self._call("GET", path, RequestTimeline))[0]
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -114,8 +114,8 @@ COMMANDS: tuple[Command, ...] = (
         "Detail",
         "request_detail",
         scope="main",
-        help="The selected request's prompt and output as it streams (also enter; a server "
-        "started with --expose-text)",
+        help="The selected request's timeline (why it waited), and its prompt and output as "
+        "it streams (also enter; the text needs a server started with --expose-text)",
     ),
     Command(
         "replicas",

@@ -96,6 +96,20 @@ def figures_text(figures: Any) -> str:
     return " ".join(f"{k}={v}" for k, v in figures.items())
 
 
+def figures_change(first: Any, last: Any) -> str:
+    """A wait's figures from its first step to its last: ``needs 32 blocks, 10→30 free
+    (reserve 51)``; one of them when the other is missing or they are of other shapes."""
+    if not isinstance(first, Mapping) or not isinstance(last, Mapping) or first == last:
+        return figures_text(last) or figures_text(first)
+    if set(first) != set(last):
+        return f"{figures_text(first)} → {figures_text(last)}"
+    merged = {
+        k: last[k] if first[k] == last[k] else f"{'—' if first[k] is None else first[k]}→{last[k]}"
+        for k in last
+    }
+    return figures_text(merged)
+
+
 def hold_text(hold: Hold | None) -> str:
     """``kv blocks: needs 12 blocks, 3 free (reserve 51)``."""
     if hold is None:
@@ -114,14 +128,19 @@ def biggest_first(shares: Iterable[HeldShare]) -> list[HeldShare]:
     ]
 
 
-def shares_text(shares: Iterable[HeldShare]) -> Content:
-    """``kv blocks 80% · max seqs 20%``, each label in its colour, the biggest first."""
+def shares_parts(shares: Iterable[HeldShare]) -> list[tuple[str, str]]:
+    """``kv blocks 80% · max seqs 20%`` as (text, style) pieces, each label in its colour, the
+    biggest first (pieces, so a table's Rich text and a panel's Content read the same)."""
     ordered = biggest_first(shares)
     total = sum(share.seconds for share in ordered)
-    parts: list[Content] = []
+    parts: list[tuple[str, str]] = []
     for share in ordered:
         if parts:
-            parts.append(Content(" · "))
-        parts.append(styled_reason(share.reason))
-        parts.append(Content(f" {share.seconds / total:.0%}"))
-    return Content.assemble(*parts)
+            parts.append((" · ", ""))
+        parts.append((label(share.reason), reason_style(share.reason)))
+        parts.append((f" {share.seconds / total:.0%}", ""))
+    return parts
+
+
+def shares_text(shares: Iterable[HeldShare]) -> Content:
+    return Content.assemble(*shares_parts(shares))

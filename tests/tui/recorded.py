@@ -66,6 +66,12 @@ class RecordedServer:
         self.down = False
         self.text_gone = False
         """Set to answer the request text as dropped (404), as the server does for an old one."""
+        self.timeline_gone = False
+        """Set to answer the timeline as dropped (404 naming the request)."""
+        self.timelines = True
+        """Unset to answer as a server older than the timelines: no such route."""
+        self.timeline_body: dict[str, Any] = load("timeline")
+        """The timeline served for its ``seq_id`` (a test may change it)."""
         self.routes: dict[tuple[str, str], Handler] = {
             ("GET", "/admin/state"): self._state,
             ("GET", "/admin/jobs"): reply("jobs"),
@@ -112,11 +118,23 @@ class RecordedServer:
             return httpx.Response(404, json={"detail": "no request kept under that id"})
         return httpx.Response(200, json=body)
 
+    def _timeline(self, request: httpx.Request) -> httpx.Response:
+        """``timeline`` for its own id, 404 for any other id or once ``timeline_gone`` is
+        set; an older server's framework 404 when ``timelines`` is unset."""
+        if not self.timelines:
+            return httpx.Response(404, json={"detail": "Not Found"})
+        body = self.timeline_body
+        if self.timeline_gone or request.url.path != f"/admin/requests/{body['seq_id']}/timeline":
+            return httpx.Response(404, json={"detail": "no request kept under that id"})
+        return httpx.Response(200, json=body)
+
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
         if self.down:
             raise httpx.ConnectError("connection refused", request=request)
         if request.method == "GET" and request.url.path.startswith("/admin/requests/"):
+            if request.url.path.endswith("/timeline"):
+                return self._timeline(request)
             return self._request_text(request)
         handler = self.routes.get((request.method, request.url.path))
         if handler is None:

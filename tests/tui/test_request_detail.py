@@ -1,5 +1,6 @@
 """The request detail view (``d`` or enter on the requests table) against recorded responses:
-what it shows, and what it says when the server keeps no text or has dropped it."""
+its text, and what it says when the server keeps no text or has dropped it. Its timeline:
+tests/tui/test_timeline_view.py."""
 
 from __future__ import annotations
 
@@ -25,7 +26,11 @@ def text_of(app: ConsoleApp, selector: str) -> str:
 
 
 def text_asks(server: RecordedServer) -> list[str]:
-    return [r.url.path for r in server.requests if r.url.path.startswith("/admin/requests/")]
+    return [
+        r.url.path
+        for r in server.requests
+        if r.url.path.startswith("/admin/requests/") and not r.url.path.endswith("/timeline")
+    ]
 
 
 async def open_detail(pilot, app: ConsoleApp, seq_id: str | None = None, key: str = "d") -> None:
@@ -45,7 +50,7 @@ async def test_d_shows_the_selected_requests_prompt_and_output() -> None:
     app = console(server, read_only=True)  # reading text changes nothing: read-only has it
     async with app.run_test(size=(120, 40)) as pilot:
         await open_detail(pilot, app, SHOWN["id"])
-        await wait_for(pilot, lambda: app.screen.data is not None, what="its text")
+        await wait_for(pilot, lambda: app.screen.text is not None, what="its text")
         assert text_asks(server) == [f"/admin/requests/{SHOWN['id']}"]
         assert text_of(app, "#request-prompt-text") == SHOWN["prompt"]
         assert text_of(app, "#request-output-text") == SHOWN["output"]
@@ -74,7 +79,7 @@ async def test_without_expose_text_it_says_why_and_asks_nothing() -> None:
     app = console(server)
     async with app.run_test(size=(120, 40)) as pilot:
         await open_detail(pilot, app)
-        await wait_for(pilot, lambda: app.screen.error is not None, what="the reason")
+        await wait_for(pilot, lambda: app.screen.data is not None, what="the reason")
         message = text_of(app, "#request-message")
         assert "--expose-text" in message and "private" in message
         assert text_asks(server) == []
@@ -91,7 +96,7 @@ async def test_a_409_says_why_even_when_the_state_did_not() -> None:
         await poll_times(pilot, app, 1)
         app.snapshot.state.text_exposed = True  # as a console that did not know would assume
         await open_detail(pilot, app)  # the first poll is done: no other
-        await wait_for(pilot, lambda: app.screen.error is not None, what="the reason")
+        await wait_for(pilot, lambda: app.screen.data is not None, what="the reason")
         assert "--expose-text" in text_of(app, "#request-message")
         assert len(text_asks(server)) == 1
 
@@ -101,10 +106,10 @@ async def test_dropped_text_keeps_what_was_shown_and_says_so() -> None:
     app = console(server)
     async with app.run_test(size=(120, 40)) as pilot:
         await open_detail(pilot, app, SHOWN["id"])
-        await wait_for(pilot, lambda: app.screen.data is not None, what="its text")
+        await wait_for(pilot, lambda: app.screen.text is not None, what="its text")
         server.text_gone = True
         app.poll()
-        await wait_for(pilot, lambda: app.screen.error is not None, what="the 404")
+        await wait_for(pilot, lambda: "no longer" in text_of(app, "#request-message"), what="404")
         assert "no longer keeps" in text_of(app, "#request-message")
         assert text_of(app, "#request-prompt-text") == SHOWN["prompt"]
 

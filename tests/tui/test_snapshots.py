@@ -6,11 +6,13 @@ SVGs under __snapshots__/.
 
 from __future__ import annotations
 
+import copy
+
 from textual.pilot import Pilot
 from textual.widgets import Input
 
 from tests.tui.conftest import poll_times, quiet_settings, wait_for
-from tests.tui.recorded import FakeClock, RecordedServer, fleet_states, reply, state_series
+from tests.tui.recorded import FakeClock, RecordedServer, fleet_states, load, reply, state_series
 from tui.app import ConsoleApp
 from tui.screens.history import HistoryScreen
 from tui.screens.policy_editor import PolicyEditorScreen
@@ -150,6 +152,22 @@ def test_request_detail(snap_compare) -> None:
         await pilot.press("down")  # cmpl-002, the recorded text's request
         await pilot.press("d")
         await wait_for(pilot, lambda: getattr(app.screen, "data", None) is not None, what="text")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_request_timeline_without_text(snap_compare) -> None:
+    """A server without --expose-text: the timeline alone, the text panels saying why."""
+    state = copy.deepcopy(load("state"))
+    state["text_exposed"] = False
+    app = console(RecordedServer([state]))
+
+    async def run_before(pilot: Pilot) -> None:
+        await poll_times(pilot, app, 1)
+        await pilot.press("down")  # cmpl-002, the recorded timeline's request
+        await pilot.press("d")
+        await wait_for(pilot, lambda: getattr(app.screen, "data", None) is not None, what="it")
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
