@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from textual.pilot import Pilot
-from textual.widgets import Input, Select
+from textual.widgets import DataTable, Input, Select
 
 from tests.tui.conftest import ADMIN_TOKEN, LiveServer, active_actions, send_load, wait_for
 from tui.app import ConsoleApp
@@ -17,9 +17,12 @@ from tui.screens.confirm import ConfirmScreen
 from tui.screens.history import HistoryScreen
 from tui.screens.policy_editor import PolicyEditorScreen
 from tui.screens.request_detail import RequestDetailScreen
+from tui.waits import wait_label
 from tui.widgets.queue_panel import QueuePanel
 from tui.widgets.request_table import RequestTable
 from tui.widgets.status_header import StatusHeader
+from tui.widgets.timeline import TimelineBar
+from tui.widgets.waits_panel import WaitsPanel
 
 SIZE = (120, 40)
 
@@ -62,6 +65,15 @@ async def test_shows_the_servers_policy_and_queue(live_server: LiveServer) -> No
         assert f"waiting {state.queue.waiting}  running {state.queue.running}" in queue
         assert {key.value for key in table.rows} == {r.id for r in state.requests}
         assert state.requests and state.queue.waiting + state.queue.running > 0
+        # why each waits, as the server says (a running one: no wait), and the waits panel
+        for request in state.requests:
+            cell = table.get_cell(request.id, "wait").text
+            assert (cell == "") == (request.wait is None)
+            if request.wait is not None:
+                assert cell == wait_label(request.wait)
+        waits = app.screen.query_one(WaitsPanel)
+        assert state.waits is not None and waits.display
+        assert waits.border_title == f"Waiting ({state.waits.window_s:g} s)"
         load.join(timeout=120)
 
 
@@ -78,11 +90,16 @@ async def test_detail_follows_a_live_request_to_its_end(live_server: LiveServer)
         await wait_for(pilot, lambda: isinstance(app.screen, RequestDetailScreen), what="detail")
         screen = app.screen
         assert isinstance(screen, RequestDetailScreen)
-        await wait_for(pilot, lambda: screen.data is not None, timeout=10, what="its text")
-        assert screen.data is not None and "quick brown fox" in screen.data.prompt
+        await wait_for(pilot, lambda: screen.text is not None, timeout=10, what="its text")
+        assert screen.text is not None and "quick brown fox" in screen.text.prompt
         await wait_for(
             pilot,
-            lambda: screen.data is not None and screen.data.state == "finished",
+            lambda: (
+                screen.text is not None
+                and screen.text.state == "finished"
+                and screen.timeline is not None
+                and screen.timeline.finished
+            ),
             timeout=60,
             what="the request's end, polled",
         )
@@ -91,6 +108,17 @@ async def test_detail_follows_a_live_request_to_its_end(live_server: LiveServer)
         assert kept["finish_reason"] == "length" and kept["output_chars"] > 0
         assert shown == kept["output"]
         assert "finished (length)" in str(screen.query_one("#request-title").render())
+        # its timeline as the server keeps it: every segment and event listed, from arrival
+        timeline = live_server.admin("GET", f"/requests/{screen.seq_id}/timeline").json()
+        transitions = screen.query_one("#timeline-transitions", DataTable)
+        assert transitions.row_count == len(timeline["segments"]) + len(timeline["events"])
+        phases = {seg["phase"] for seg in timeline["segments"]}
+        assert {"prefill", "decode"} <= phases
+        whats = [transitions.get_row_at(i)[2].plain for i in range(transitions.row_count)]
+        assert whats[0] == "● arrived" and whats[-1] == "● finished"
+        assert transitions.get_row_at(transitions.row_count - 1)[3].plain == "length"
+        legend = str(screen.query_one(TimelineBar).render()).splitlines()[-1]
+        assert "prefill" in legend and "decode" in legend
         load.join(timeout=120)
 
 
