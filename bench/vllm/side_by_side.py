@@ -31,6 +31,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -481,6 +483,44 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@contextmanager
+def planned(
+    peer: PeerVenv,
+    model_dir: Path,
+    servedeck_model: Path | None,
+    dtype: str,
+    threads: int,
+    out: Path,
+) -> Iterator[Plan]:
+    """A run's plan with its folders made and a scratch folder for the servers' homes, removed
+    afterwards."""
+    with tempfile.TemporaryDirectory(prefix="servedeck-vllm-peer-") as tmp:
+        plan = Plan(
+            peer=peer,
+            model_dir=model_dir.resolve(),
+            servedeck_model=(servedeck_model or model_dir).resolve(),
+            dtype=dtype,
+            threads=threads,
+            out=out.resolve(),  # the client runs in a folder of its own: a relative one misses
+            work=Path(tmp),
+        )
+        plan.raw.mkdir(parents=True, exist_ok=True)
+        plan.logs.mkdir(parents=True, exist_ok=True)
+        yield plan
+
+
+def run_plan(plan: Plan, run: Callable[[Plan], int], prog: str) -> int:
+    """``run(plan)``'s exit code, or 1 with one line on stderr where a server or the client
+    failed."""
+    try:
+        return run(plan)
+    except (ServerError, ResultError) as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+    except subprocess.SubprocessError as error:
+        print(f"{prog}: the client failed ({error}); see {plan.logs}", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -491,34 +531,22 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = ensure_hf_model(args.model_dir, args.gguf)
     default_out = Path(tempfile.gettempdir()) / "servedeck-vllm-smoke" if args.smoke else None
     out: Path = args.out or default_out or ROOT / "bench" / "results" / "vllm" / args.dtype
-    out = out.resolve()  # the client runs in a folder of its own: a relative --out would miss
     specs = workloads(
         args.bursts, args.burst, args.poisson_rates, args.poisson_requests, args.poisson_runs
     )
-    with tempfile.TemporaryDirectory(prefix="servedeck-vllm-peer-") as tmp:
-        plan = Plan(
-            peer=peer,
-            model_dir=model_dir.resolve(),
-            servedeck_model=(args.servedeck_model or model_dir).resolve(),
-            dtype=args.dtype,
-            threads=args.threads,
-            out=out,
-            work=Path(tmp),
-        )
-        plan.raw.mkdir(parents=True, exist_ok=True)
-        plan.logs.mkdir(parents=True, exist_ok=True)
-        try:
-            if args.smoke:
-                return smoke(plan)
-            summary = run_all(plan, specs)
-        except (ServerError, ResultError) as error:
-            print(f"side_by_side: {error}", file=sys.stderr)
-            return 1
-        except subprocess.SubprocessError as error:
-            print(f"side_by_side: the client failed ({error}); see {plan.logs}", file=sys.stderr)
-            return 1
-    print(write_summary(out, summary))
-    return 0
+    summaries: list[Summary] = []
+
+    def run(plan: Plan) -> int:
+        if args.smoke:
+            return smoke(plan)
+        summaries.append(run_all(plan, specs))
+        return 0
+
+    with planned(peer, model_dir, args.servedeck_model, args.dtype, args.threads, out) as plan:
+        code = run_plan(plan, run, "side_by_side")
+    if summaries:
+        print(write_summary(plan.out, summaries[0]))
+    return code
 
 
 def write_summary(out: Path, summary: Summary) -> str:
