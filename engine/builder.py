@@ -4,7 +4,9 @@ Loading the weights (``load_bundle``) and building a runner around them (``build
 are separate, so one loaded model can serve several engines (the benchmark gives every run a
 fresh engine and KV pool around the same weights). ``load_bundle`` can also build a
 checkpoint preset's model from seeded random weights made on the device, with no file read or
-written (``RandomWeights``): the GPU check runs a llama3-8b-shaped engine that way.
+written (``RandomWeights``, engine/checkpoint_parts.py): the GPU check runs a llama3-8b-shaped
+engine that way. The tokenizer and stop tokens come from engine/checkpoint_parts.py, as the
+front's do.
 
 With ``tensor_parallel_size`` K > 1, ``load_bundle`` is rank 0: it spawns ranks 1..K-1
 (``engine.parallel.world``), which load their own shards while it loads its own, and the
@@ -16,7 +18,9 @@ runner the hook that broadcasts each step.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,9 +28,14 @@ from tokenizers import Tokenizer
 
 from engine.checkpoint import PRESETS, hf_config
 from engine.checkpoint import random_weights as preset_weights
+from engine.checkpoint_parts import (
+    RandomWeights,
+    checkpoint_tokenizer,
+    eos_token_ids,
+    preset_parts,
+)
 from engine.config import EngineConfig, EngineLimits
 from engine.cpu import ComputeChoice, cpu_features, warn_if_slow
-from engine.front import checkpoint_tokenizer, eos_token_ids, preset_parts
 from engine.host_memory import retain_freed_memory
 from engine.kv_budget import kv_limits
 from engine.kv_pool import allocate_kv_cache, kv_bytes_per_block
@@ -64,25 +73,6 @@ class ModelBundle:
             self.parallel.close()
 
 
-@dataclass(frozen=True, slots=True)
-class RandomWeights:
-    """A checkpoint preset (``engine.checkpoint.PRESETS``) built with seeded random weights.
-
-    The weights are made tensor by tensor on the engine's device, so no file is read or
-    written and an 8B-shaped model never exists twice. They are deterministic for a seed on one
-    device type; on the CPU they equal the checkpoint ``servedeck init-model DIR --preset P
-    --seed S`` writes (same draws, same dtype), and the tokenizer is the same one, built in
-    memory."""
-
-    preset: str
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.preset not in PRESETS:
-            choices = ", ".join(PRESETS)
-            raise ValueError(f"unknown preset {self.preset!r}; choose one of {choices}")
-
-
 def load_bundle(
     config: EngineConfig, random_weights: RandomWeights | None = None, shard: Shard | None = None
 ) -> ModelBundle:
@@ -102,7 +92,7 @@ def load_bundle(
     parallel = None
     if shard is None and config.tensor_parallel_size > 1:
         check_divisible(_model_config(config, random_weights), config.tensor_parallel_size)
-        parallel = TensorParallelWorld(config, random_weights)
+        parallel = TensorParallelWorld(config, partial(load_rank, random_weights))
         shard = parallel.shard
     try:
         bundle = _load(config, random_weights, dtype, device, shard or SINGLE)
@@ -127,6 +117,15 @@ def load_bundle(
         # a GGUF tensor dequantized) would stay resident beside the weights allocated before.
         retain_freed_memory()
     return bundle
+
+
+def load_rank(
+    random_weights: RandomWeights | None, config: EngineConfig, shard: Shard
+) -> Callable[[EngineConfig], ModelRunner]:
+    """A worker rank's load (``engine.parallel.worker.RankLoader``, with ``random_weights``
+    bound): its shard's bundle, and what builds its runner for the pool rank 0 sized."""
+    bundle = load_bundle(config, random_weights, shard=shard)
+    return lambda runner_config: build_runner(bundle, runner_config)[0]
 
 
 def _load(

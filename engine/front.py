@@ -7,28 +7,24 @@ file's metadata) and its tokenizer, never a weight tensor, and computes the limi
 that config builds would have on this machine (``engine.kv_budget``: one definition for
 both). A fleet's control plane admits with such a front while the replicas hold the weights.
 
-An HF folder's front imports no torch; a GGUF file's does (its reader lives beside the
-tensors' dequantization), as does a random preset's (its tokenizer is trained beside the
-weights' generator).
+What it reads of the checkpoint (model config, tokenizer, stop tokens) comes from
+``engine.checkpoint_parts``, as the builder's does: an HF folder's front imports no torch; a
+GGUF file's does, as does a random preset's.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer
 
 from engine.admission import check_request, check_text_size, max_prompt_bytes
+from engine.checkpoint_parts import RandomWeights, checkpoint_parts, preset_parts
 from engine.config import EngineConfig, EngineLimits
-from engine.errors import CheckpointError, RequestRejected
+from engine.errors import RequestRejected
 from engine.grammar import GrammarError, Grammars
 from engine.kv_budget import kv_limits
-from engine.model.config import ModelConfig
-from engine.model.formats import checkpoint_files, is_gguf
 from engine.parallel.shard import Shard, check_divisible
 from engine.sampling_params import SamplingParams
 from engine.tenants import (
@@ -38,9 +34,6 @@ from engine.tenants import (
     MAX_TENANT_NAME,
     MIN_PRIORITY,
 )
-
-if TYPE_CHECKING:
-    from engine.builder import RandomWeights
 
 Prompt = str | list[int]
 
@@ -109,7 +102,7 @@ class EngineFront:
         if random_weights is not None:
             model, tokenizer, eos = preset_parts(random_weights.preset)
         else:
-            model, tokenizer, eos = _checkpoint(config)
+            model, tokenizer, eos = checkpoint_parts(config)
         shard = Shard(0, config.tensor_parallel_size)
         if shard.parallel:
             check_divisible(model, shard.world_size)
@@ -169,51 +162,3 @@ def check_owner(prompt: QueuedPrompt) -> None:
         )
     if not 0 < len(prompt.tenant) <= MAX_TENANT_NAME:
         raise RequestRejected(f"tenant name must have 1 to {MAX_TENANT_NAME} characters", "tenant")
-
-
-def load_tokenizer(path: Path) -> Tokenizer | None:
-    """``tokenizer.json`` of a folder, or the tokenizer a GGUF file describes."""
-    if is_gguf(path):
-        from engine.gguf_tokenizer import gguf_tokenizer  # its reader imports torch
-
-        return gguf_tokenizer(path).tokenizer
-    file = path / "tokenizer.json"
-    return Tokenizer.from_file(str(file)) if file.is_file() else None
-
-
-def eos_token_ids(path: Path, model_config: ModelConfig) -> tuple[int, ...]:
-    """``generation_config.json`` wins over ``config.json``, as in transformers (a GGUF file:
-    its EOS and EOT ids, in the model config)."""
-    file = path / "generation_config.json"
-    if file.is_file():
-        eos = json.loads(file.read_text()).get("eos_token_id")
-        if eos is not None:
-            return tuple(eos) if isinstance(eos, list) else (eos,)
-    return model_config.eos_token_ids
-
-
-def checkpoint_tokenizer(config: EngineConfig) -> Tokenizer | None:
-    """The tokenizer ``config`` serves: ``config.tokenizer``'s (which must have one) or the
-    model's own (a folder may have none: the engine then takes token ids only)."""
-    path = Path(config.tokenizer) if config.tokenizer else Path(config.model)
-    if config.tokenizer and not is_gguf(path) and not (path / "tokenizer.json").is_file():
-        raise CheckpointError(f"no tokenizer.json in {path}", path)
-    return load_tokenizer(path)
-
-
-def _checkpoint(config: EngineConfig) -> tuple[ModelConfig, Tokenizer | None, tuple[int, ...]]:
-    path = Path(config.model)
-    checkpoint_files(path)  # the engine's build refuses a folder missing a file: so does this
-    model = ModelConfig.from_dir(path)
-    return model, checkpoint_tokenizer(config), eos_token_ids(path, model)
-
-
-def preset_parts(name: str) -> tuple[ModelConfig, Tokenizer, tuple[int, ...]]:
-    """A checkpoint preset's model config, tokenizer (built in memory) and stop tokens."""
-    from engine.checkpoint import PRESETS, build_tokenizer, hf_config, special_ids
-
-    preset = PRESETS[name]
-    tokenizer = build_tokenizer(preset.tokenizer_vocab)
-    bos, eos = special_ids(tokenizer)
-    model = ModelConfig.from_dict(hf_config(preset, bos, eos))
-    return model, tokenizer, model.eos_token_ids

@@ -18,6 +18,10 @@ violation cannot hide behind an import error and the check takes well under a se
   classes or their modules (issue 24).
 - No module-level engine state: nothing of ours builds an engine at import time or rebinds a
   module global (``global``) (issue 24).
+- The circles opened in issue 43 stay open (``NEVER_IMPORTS``): the checkpoint's parts are read
+  in one module the front and the builder both use, so neither imports the other, and the
+  tensor-parallel ranks are handed the builder's loader rather than importing it; not even
+  inside a function or for the type checker.
 - No import cycle inside ``control/`` (issue 24), counting the imports made for the type
   checker: an import inside a function is the one way back up.
 - The fleet's control plane loads no model code: what ``control/fleet/`` imports at module
@@ -78,6 +82,13 @@ MODEL_CODE = frozenset(
     | {"engine.model.loader", "serving.async_engine", "kernels"}
 )
 """What loads or runs the weights (``kernels`` with its submodules)."""
+NEVER_IMPORTS: dict[str, frozenset[str]] = {
+    "engine.front": frozenset({"engine.builder"}),
+    "engine.builder": frozenset({"engine.front"}),
+    "engine.parallel": frozenset({"engine.builder", "engine.front"}),
+}
+"""Circles opened (issue 43): a module (with its submodules) never imports these, in any form.
+``engine.checkpoint_parts`` holds what the front and the builder both read of a checkpoint."""
 FLEET_FRONT = "control.fleet"
 KV_CACHE = Path("engine/kv_cache.py")
 """The BlockManager's home."""
@@ -329,6 +340,18 @@ def fleet_front_violations(tree: Tree) -> list[str]:
     return found
 
 
+def circle_violations(tree: Tree) -> list[str]:
+    """An import, wherever it sits, from a module of ``NEVER_IMPORTS`` to one it must not reach."""
+    found = []
+    for imp in tree.imports:
+        for source, banned in NEVER_IMPORTS.items():
+            if _under(imp.source, frozenset({source})):
+                hit = {t for t in tree.reached(imp) | {imp.target} if _under(t, banned)}
+                if hit:
+                    found.append(f"{imp} (a circle issue 43 opened: {source} -> {min(hit)})")
+    return found
+
+
 def cycle_violations(tree: Tree) -> list[str]:
     """Modules of ``control/`` that import each other, at module level or for the type checker
     (an import inside a function is the one allowed way back up)."""
@@ -367,6 +390,7 @@ def cycle_violations(tree: Tree) -> list[str]:
 RULES = {
     "floors": lambda root: floor_violations(Tree(root)),
     "no_cycles": lambda root: cycle_violations(Tree(root)),
+    "circles_opened": lambda root: circle_violations(Tree(root)),
     "engine_seam": lambda root: seam_violations(Tree(root)),
     "module_state": lambda root: module_state_violations(Tree(root)),
     "fleet_front": lambda root: fleet_front_violations(Tree(root)),
@@ -422,6 +446,11 @@ VIOLATIONS = {
         "engine/batch.py": "STATE = 0\n\n\ndef bump():\n    global STATE\n",
     },
     "fleet_front": {"control/fleet/fleet.py": "from control.front_helpers import load\n"},
+    "circles_opened": {
+        "engine/front.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+        "    from engine.builder import RandomWeights\n",
+        "engine/parallel/worker.py": "def run():\n    from engine.builder import load_bundle\n",
+    },
     "no_cycles": {
         "control/fleet/replica.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
         "    from control.fleet.fleet import Fleet\n",
@@ -467,6 +496,11 @@ def test_a_deliberate_violation_fails_the_rule(rule: str, tmp_path: Path) -> Non
         "control/fleet/fleet.py": "from control.service.protocol import EngineService\n",
         "control/fleet/replica.py": "def build():\n    from serving.engine import LLMEngine\n",
         "control/front_helpers.py": "from engine.model.llama import Llama\n",
+        "engine/front.py": "from engine.checkpoint_parts import RandomWeights\n",
+        "engine/builder.py": "from engine.checkpoint_parts import RandomWeights\n",
+        "engine/checkpoint_parts.py": "",
+        "engine/parallel/__init__.py": "",
+        "engine/parallel/worker.py": "",
         "sim/__init__.py": "",
         "sim/simulator.py": "from serving.engine import LLMEngine\n",
     }

@@ -49,8 +49,9 @@ def time_limit(seconds: int) -> Iterator[None]:
 def run_engine(s: Shapes, device: torch.device, timeout_s: int) -> dict[str, Any]:
     if importlib.util.find_spec("pydantic") is None:
         return {"skipped": "pydantic is not installed; the engine's policies need it"}
-    from engine.builder import RandomWeights, load_bundle
+    from engine.builder import load_bundle
     from engine.checkpoint import PRESETS
+    from engine.checkpoint_parts import RandomWeights
     from engine.config import EngineConfig
     from engine.sampling_params import SamplingParams
     from engine.stats import percentile

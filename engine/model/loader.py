@@ -96,7 +96,7 @@ def build_model(
     shard: Shard = SINGLE,
 ) -> LlamaForCausalLM:
     """The decoder for ``config`` with its weights copied in from HF-named ``tensors`` made in
-    memory (``engine.builder.RandomWeights``); files go through ``load_model``."""
+    memory (``engine.checkpoint_parts.RandomWeights``); files go through ``load_model``."""
     model = LlamaForCausalLM(config, dtype, device, shard)
     load_weights(model, tensors)
     return model.eval()

@@ -1,6 +1,8 @@
 """A worker rank: load this rank's shard, then run every forward rank 0 broadcasts.
 
-Started by rank 0 (``engine.parallel.world``) with the spawn start method. It reports to the
+Started by rank 0 (``engine.parallel.world``) with the spawn start method. How it loads its
+shard and builds its runner is handed to it (``RankLoader``: the builder's own function, which
+pickles by name), so this module never imports the builder that starts it. It reports to the
 rendezvous store ``loaded/<rank>`` or ``error/<rank>`` (the traceback, which rank 0 raises),
 joins the groups, and loops on messages until ``Stop``. It never samples: after the last
 layer's all-reduce every rank holds the same hidden states, and rank 0 turns them into tokens.
@@ -12,6 +14,7 @@ import os
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -23,8 +26,11 @@ from engine.parallel.messages import BuildRunner, StepMessage, Stop, receive
 from engine.parallel.shard import Shard
 
 if TYPE_CHECKING:
-    from engine.builder import RandomWeights
     from engine.runner import ModelRunner
+
+RankLoader = Callable[[EngineConfig, Shard], Callable[[EngineConfig], "ModelRunner"]]
+"""Loads this rank's shard of ``config``'s model and returns what builds a runner around it
+(for the KV pool a ``BuildRunner`` message sizes). Picklable: the spawn start method sends it."""
 
 
 def run(
@@ -32,18 +38,16 @@ def run(
     world_size: int,
     port: int,
     config: EngineConfig,
-    random_weights: RandomWeights | None,
+    load: RankLoader,
     num_threads: int,
 ) -> None:
     """The spawned process's entry point."""
-    from engine.builder import build_runner, load_bundle
-
     torch.set_num_threads(num_threads)
     _exit_with_parent()
     store = open_store(rank, world_size, port)
     config = replace(config, device=rank_device(config.device, rank))
     try:
-        bundle = load_bundle(config, random_weights, shard=Shard(rank, world_size))
+        build_runner = load(config, Shard(rank, world_size))
     except BaseException:
         store.set(f"error/{rank}", traceback.format_exc())
         raise
@@ -54,7 +58,7 @@ def run(
         with torch.inference_mode():
             while not isinstance(message := receive(messages), Stop):
                 if isinstance(message, BuildRunner):
-                    runner, _ = build_runner(bundle, replace(message.config, device=config.device))
+                    runner = build_runner(replace(message.config, device=config.device))
                 elif runner is not None:
                     replay(runner, message)
     finally:

@@ -21,7 +21,6 @@ import contextlib
 import time
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -32,10 +31,8 @@ from engine.parallel import worker
 from engine.parallel.group import STARTUP_TIMEOUT_S, close_group, init_group, open_store
 from engine.parallel.messages import BuildRunner, StepMessage, Stop, send
 from engine.parallel.shard import Shard
+from engine.parallel.worker import RankLoader
 from kernels.attention import AttentionInputs
-
-if TYPE_CHECKING:
-    from engine.builder import RandomWeights
 
 STOP_TIMEOUT_S = 10.0
 """How long ``close`` waits for a worker to leave before it terminates it."""
@@ -46,8 +43,9 @@ class TensorParallelError(RuntimeError):
 
 
 class TensorParallelWorld:
-    def __init__(self, config: EngineConfig, random_weights: RandomWeights | None = None) -> None:
-        """Spawn the worker ranks; they start loading their shards at once."""
+    def __init__(self, config: EngineConfig, load: RankLoader) -> None:
+        """Spawn the worker ranks; they start loading their shards at once, each with
+        ``load`` (the builder's, handed down: nothing here imports the builder)."""
         if dist.is_initialized():
             raise TensorParallelError(
                 "this process already has a torch.distributed process group (another "
@@ -68,7 +66,7 @@ class TensorParallelWorld:
         self.messages: dist.ProcessGroup | None = None
         self.closed = False
         context = mp.get_context("spawn")
-        args = (self.world_size, self.store.port, config, random_weights, torch.get_num_threads())
+        args = (self.world_size, self.store.port, config, load, torch.get_num_threads())
         self.processes: list[BaseProcess] = [
             context.Process(
                 target=worker.run,

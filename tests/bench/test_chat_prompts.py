@@ -49,7 +49,7 @@ def test_a_third_share_one_long_system_prompt() -> None:
 
 
 def test_the_shared_system_prompt_spans_several_kv_blocks() -> None:
-    from engine.front import load_tokenizer
+    from engine.checkpoint_parts import load_tokenizer
     from engine.shipped_models import smollm2_gguf
 
     path = smollm2_gguf()

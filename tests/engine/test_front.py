@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.builder import RandomWeights, load_bundle
+from engine.builder import load_bundle
+from engine.checkpoint_parts import RandomWeights
 from engine.config import EngineConfig
 from engine.errors import CheckpointError, RequestRejected
 from engine.front import EngineFront
