@@ -110,6 +110,18 @@ class EngineCollector(Collector):
             "Tokens generated.",
             totals and totals.generation_tokens,
         )
+        yield _counter(
+            "servedeck_engine_step_seconds",
+            "Wall seconds the engine spent in its steps.",
+            totals and totals.step_seconds,
+        )
+        yield _counter(
+            "servedeck_engine_step_cpu_seconds",
+            "The stepping thread's own CPU seconds in its steps (time.thread_time): below "
+            "servedeck_engine_step_seconds by what it waited for (the GIL, a core, the other "
+            "intra-op threads).",
+            totals and totals.step_cpu_seconds,
+        )
         preempted = CounterMetricFamily(
             "servedeck_preemptions",
             "Sequences preempted (recompute), by cause: memory (the pool ran dry), priority "

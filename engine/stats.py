@@ -38,6 +38,11 @@ class StepRecord:
     preempted: int
     kv_held_slots: int
     kv_live_tokens: int
+    cpu_s: float = 0.0
+    """The stepping thread's own CPU time in the step (``time.thread_time``): below ``wall_s``
+    by what the thread waited for (the GIL, a core, the other intra-op threads) — with more
+    intra-op threads it also counts their barrier's spinning, so it bounds the wait from
+    below."""
 
     @classmethod
     def of(
@@ -48,6 +53,7 @@ class StepRecord:
         time: float,
         wall_s: float,
         forward_s: float,
+        cpu_s: float = 0.0,
     ) -> StepRecord:
         """The record of a step that ran ``batch``: ``counts`` are its (prefill, decode,
         padded) tokens (``ScheduledBatch.token_counts``), ``generated`` the tokens it kept."""
@@ -65,6 +71,7 @@ class StepRecord:
             preempted=len(batch.preempted),
             kv_held_slots=batch.kv_held_slots,
             kv_live_tokens=batch.kv_live_tokens,
+            cpu_s=cpu_s,
         )
 
 
@@ -111,6 +118,8 @@ class EngineStats:
     requests_finished: int = 0
     wall_s: float = 0.0
     forward_s: float = 0.0
+    cpu_s: float = 0.0
+    """Σ the steps' ``StepRecord.cpu_s``: against ``wall_s``, what the stepping thread waited."""
 
     def record_step(self, record: StepRecord) -> None:
         self.steps.append(record)
@@ -122,6 +131,7 @@ class EngineStats:
         self.preemptions += record.preempted
         self.wall_s += record.wall_s
         self.forward_s += record.forward_s
+        self.cpu_s += record.cpu_s
 
     def record_preemptions(self, causes: list[PreemptCause]) -> None:
         by = self.preempted_by

@@ -220,7 +220,7 @@ class LLMEngine:
     # -- the step ---------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         with self.commands.step():
             outputs, self._pending_outputs = self._pending_outputs, []
             changes = self.blocks.begin_step()
@@ -250,8 +250,10 @@ class LLMEngine:
             self.timelines.ran(batch.paused)
             generated = len(result.token_ids) - len(result.failed) - len(requeued)
             now, wall_s = self.clock(), time.perf_counter() - started
-            forward_s = self.runner.last_forward_s
-            self.stats.record_step(StepRecord.of(batch, counts, generated, now, wall_s, forward_s))
+            forward_s, cpu_s = self.runner.last_forward_s, time.thread_time() - started_cpu
+            self.stats.record_step(
+                StepRecord.of(batch, counts, generated, now, wall_s, forward_s, cpu_s)
+            )
             if batch.preempt_causes:
                 self.stats.record_preemptions(batch.preempt_causes)
             return outputs

@@ -157,6 +157,12 @@ class Totals(BaseModel):
     )
     requests_finished: int
     engine_overhead: float = Field(description="Share of step time outside the forward.")
+    step_seconds: float = Field(0.0, description="Wall seconds the engine spent in its steps.")
+    step_cpu_seconds: float = Field(
+        0.0,
+        description="The stepping thread's own CPU seconds in those steps: below step_seconds "
+        "by what it waited for (the GIL, a core, the other intra-op threads).",
+    )
 
     @classmethod
     def of(cls, stats: EngineStats) -> Totals:
@@ -169,6 +175,8 @@ class Totals(BaseModel):
             preemptions_by_cause=stats.preemptions_by_cause(),
             requests_finished=stats.requests_finished,
             engine_overhead=stats.engine_overhead,
+            step_seconds=stats.wall_s,
+            step_cpu_seconds=stats.cpu_s,
         )
 
 

@@ -81,6 +81,8 @@ def merged_snapshot(snapshots: Mapping[str, EngineSnapshot]) -> EngineSnapshot:
                 if steps
                 else 0.0
             ),
+            step_seconds=sum(s.totals.step_seconds for s in snaps),
+            step_cpu_seconds=sum(s.totals.step_cpu_seconds for s in snaps),
         ),
         reclaims=tuple(sorted((r for s in snaps for r in s.reclaims), key=lambda r: r.time))[
             -MAX_RECLAIMS:

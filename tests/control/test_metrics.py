@@ -17,6 +17,8 @@ NAMES = {
     "servedeck_prompt_tokens_total": "counter",
     "servedeck_generation_tokens_total": "counter",
     "servedeck_preemptions_total": "counter",
+    "servedeck_engine_step_seconds_total": "counter",
+    "servedeck_engine_step_cpu_seconds_total": "counter",
     "servedeck_reclaimed_blocks_total": "counter",
     "servedeck_reclaim_runs_total": "counter",
     "servedeck_policy_info": "gauge",
@@ -61,6 +63,9 @@ def test_metrics_is_a_plain_route_with_every_name(client: httpx.Client) -> None:
         >= before["servedeck_generation_tokens_total"] + 5
     )
     assert after["servedeck_prompt_tokens_total"] > before["servedeck_prompt_tokens_total"]
+    stepped = "servedeck_engine_step_seconds_total", "servedeck_engine_step_cpu_seconds_total"
+    wall, cpu = (after[name] - before[name] for name in stepped)
+    assert wall > 0 and 0 < cpu <= wall * 1.05 + 0.01  # the thread's CPU within its wall time
     ttft = "servedeck_time_to_first_token_seconds_count"
     assert after[ttft] == before[ttft] + 1
     assert (

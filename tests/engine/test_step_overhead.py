@@ -6,10 +6,12 @@ length with the pool's books sound and every sequence-step counted."""
 from __future__ import annotations
 
 import argparse
+import time
 
 import pytest
 
 from bench.overhead import POLICIES, build, run
+from engine.batch import ScheduledBatch, StepResult
 from engine.kv_cache import BlockManager
 
 
@@ -78,3 +80,23 @@ def test_shared_block_still_copies_on_write() -> None:
     step.rollback()
     assert list(m.table("b")) == list(m.table("a"))
     m.check_integrity()
+
+
+def test_a_step_records_the_threads_own_cpu_time_apart_from_its_wall_time() -> None:
+    """A step whose forward waits (here a sleep: what a wait for the GIL or a core looks like
+    to the thread) records the wait in wall time, not CPU time (issue 40, step 4)."""
+    engine = build("continuous", _args(requests=3, output=2))
+    execute = engine.runner.execute
+
+    def waiting_execute(batch: ScheduledBatch) -> StepResult:
+        time.sleep(0.02)
+        return execute(batch)
+
+    engine.runner.execute = waiting_execute  # type: ignore[method-assign]
+    while engine.has_unfinished_requests():
+        engine.step()
+    stats = engine.stats
+    assert stats.num_steps >= 2
+    assert stats.wall_s >= 0.02 * stats.num_steps
+    assert 0 < stats.cpu_s < stats.wall_s / 2
+    assert stats.cpu_s == pytest.approx(sum(s.cpu_s for s in stats.steps))
