@@ -28,7 +28,7 @@ def grid(calibration: Path, budgets: Sequence[int], seqs: Sequence[int | None]) 
     from bench.plan import SEED
     from bench.presets import PRESETS
     from bench.suite import model_path
-    from engine.model.config import ModelConfig
+    from engine.model.formats import read_model_config
     from engine.stats import percentile
     from sim.calibrated import CalibratedModel
     from sim.simulator import SimSetup, simulate
@@ -36,7 +36,7 @@ def grid(calibration: Path, budgets: Sequence[int], seqs: Sequence[int | None]) 
 
     preset = PRESETS["cpu"]
     model = CalibratedModel.load(calibration)
-    vocab = ModelConfig.from_dir(model_path(preset, None)).vocab_size
+    vocab = read_model_config(model_path(preset, None)).vocab_size
     workload = wl.burst(100, True, preset.scale, vocab, SEED)
     trace = [TraceRequest(0.0, len(r.prompt), r.max_tokens) for r in workload.requests]
     setup = SimSetup(num_kv_blocks=preset.kv_tokens // 16)

@@ -75,7 +75,7 @@ def main(args: argparse.Namespace) -> int:
     from bench.report import write_outputs
     from bench.runner import EngineFactory
     from bench.suite import Bench, model_path
-    from engine.model.config import ModelConfig
+    from engine.model.formats import read_model_config
 
     preset = PRESETS[args.preset]
     torch.set_num_threads(args.threads)
@@ -86,7 +86,7 @@ def main(args: argparse.Namespace) -> int:
     model_dir = model_path(preset, args.model)
     suites = args.suites or SUITES
     if args.plan:
-        vocab = ModelConfig.from_dir(model_dir).vocab_size
+        vocab = read_model_config(model_dir).vocab_size
         print_plan(Plan(preset, policies, peers, vocab, suites).build())
         return 0
     started = time.perf_counter()

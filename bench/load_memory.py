@@ -159,7 +159,7 @@ def child(path: Path, method: str, dtype_name: str) -> None:
 
     from engine.builder import load_bundle
     from engine.config import EngineConfig, as_dtype
-    from engine.model.config import ModelConfig
+    from engine.model.formats import read_model_config
     from engine.model.llama import LlamaForCausalLM
     from engine.model.loader import load_model, load_weights
 
@@ -175,7 +175,7 @@ def child(path: Path, method: str, dtype_name: str) -> None:
         from safetensors import safe_open
 
         cpu = torch.device("cpu")
-        model = LlamaForCausalLM(ModelConfig.from_dir(path), getattr(torch, dtype_name), cpu)
+        model = LlamaForCausalLM(read_model_config(path), getattr(torch, dtype_name), cpu)
 
         def tensors():
             for file in sorted(path.glob("*.safetensors")):

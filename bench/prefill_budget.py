@@ -84,7 +84,7 @@ def predict(budgets: Sequence[int], calibration: Path) -> dict[str, Any]:
     from bench import workloads as wl
     from bench.plan import SEED
     from bench.presets import PRESETS
-    from engine.model.config import ModelConfig
+    from engine.model.formats import read_model_config
     from engine.stats import percentile
     from sim.calibrated import CalibratedModel
     from sim.simulator import SimSetup, simulate
@@ -92,7 +92,7 @@ def predict(budgets: Sequence[int], calibration: Path) -> dict[str, Any]:
 
     preset = PRESETS["cpu"]
     model = CalibratedModel.load(calibration)
-    vocab = ModelConfig.from_dir(_model_dir()).vocab_size
+    vocab = read_model_config(_model_dir()).vocab_size
     workload = wl.burst(CONCURRENCY, True, preset.scale, vocab, SEED)
     trace = [TraceRequest(0.0, len(r.prompt), r.max_tokens) for r in workload.requests]
     setup = SimSetup(num_kv_blocks=preset.kv_tokens // 16)

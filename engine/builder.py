@@ -40,6 +40,7 @@ from engine.host_memory import retain_freed_memory
 from engine.kv_budget import kv_limits
 from engine.kv_pool import allocate_kv_cache, kv_bytes_per_block
 from engine.model.config import ModelConfig
+from engine.model.formats import read_model_config
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import build_model, load_model
 from engine.model.products import plan_products
@@ -144,7 +145,7 @@ def _load(
 
 def _model_config(config: EngineConfig, random_weights: RandomWeights | None) -> ModelConfig:
     if random_weights is None:
-        return ModelConfig.from_dir(config.model)
+        return read_model_config(config.model)
     return ModelConfig.from_dict(hf_config(PRESETS[random_weights.preset], 0, 0))
 
 

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 from engine.config import EngineConfig
 from engine.errors import CheckpointError
 from engine.model.config import ModelConfig
-from engine.model.formats import checkpoint_files, is_gguf
+from engine.model.formats import checkpoint_files, is_gguf, read_model_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +81,7 @@ def checkpoint_parts(
     every file the build needs checked to exist, no weight read."""
     path = Path(config.model)
     checkpoint_files(path)  # the engine's build refuses a folder missing a file: so does this
-    model = ModelConfig.from_dir(path)
+    model = read_model_config(path)
     return model, checkpoint_tokenizer(config), eos_token_ids(path, model)
 
 

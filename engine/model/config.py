@@ -127,11 +127,7 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelConfig:
-        """A folder's ``config.json``, or a GGUF checkpoint's metadata (a ``.gguf`` path)."""
-        if str(path).endswith(".gguf"):
-            from engine.model.gguf_file import open_checkpoint  # it imports this module
-
-            return open_checkpoint(Path(path)).model_config()
+        """A folder's ``config.json`` (any format: ``engine.model.formats.read_model_config``)."""
         config_path = Path(path) / "config.json"
         if not config_path.is_file():
             raise CheckpointError(f"no config.json in {path}", config_path)

@@ -1,7 +1,10 @@
 """Which checkpoint format a path names and which files it must hold, without importing any
 reader (no torch, no gguf): the chat template's render workers ask this of every path, and
 must start in a fraction of a second; the engine's front (engine/front.py) checks a folder
-with it without loading the weights."""
+with it without loading the weights. The format also chooses the reader of the model's config
+(``read_model_config``): a folder's ``config.json`` (``ModelConfig.from_dir``), or a GGUF
+file's metadata (engine/model/gguf_file.py, imported only for such a path), so the config, a
+plain value type, never imports a file reader."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import CheckpointError
+from engine.model.config import ModelConfig
 
 GGUF_SUFFIX = ".gguf"
 INDEX_FILE = "model.safetensors.index.json"
@@ -20,6 +24,15 @@ TOKENIZER_FILE = "tokenizer.json"
 def is_gguf(path: str | Path) -> bool:
     """A llama.cpp GGUF file (one file, or any part of a split one)."""
     return str(path).endswith(GGUF_SUFFIX)
+
+
+def read_model_config(path: str | Path) -> ModelConfig:
+    """A folder's ``config.json``, or a GGUF checkpoint's metadata (a ``.gguf`` path)."""
+    if is_gguf(path):
+        from engine.model.gguf_file import open_checkpoint  # it imports torch
+
+        return open_checkpoint(Path(path)).model_config()
+    return ModelConfig.from_dir(path)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import torch
 
 from engine.errors import CheckpointError
 from engine.model.config import ModelConfig
-from engine.model.formats import checkpoint_files, is_gguf
+from engine.model.formats import checkpoint_files, is_gguf, read_model_config
 from engine.model.gguf_file import open_checkpoint
 from engine.model.llama import LlamaForCausalLM
 from engine.model.safetensors_file import SafetensorsFile
@@ -46,7 +46,7 @@ def load_model(
         targets = WeightTargets(model)
         _read_entries(targets, ckpt, ckpt.entries(), Path(path))
     else:
-        model = LlamaForCausalLM(ModelConfig.from_dir(path), dtype, device, shard)
+        model = LlamaForCausalLM(read_model_config(path), dtype, device, shard)
         targets = WeightTargets(model)
         for file in files.weights:
             with SafetensorsFile(file) as weights:

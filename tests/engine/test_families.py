@@ -19,6 +19,7 @@ import torch
 
 from engine.errors import CheckpointError
 from engine.model.config import ModelConfig
+from engine.model.formats import read_model_config
 from engine.sampling_params import SamplingParams
 from serving.llm import LLM
 from tests.reference import HFReference, assert_same_as_reference
@@ -79,7 +80,7 @@ def write_family(
     import transformers
 
     config_class, extra = FAMILIES[family]
-    vocab = ModelConfig.from_dir(tokenizer_dir)
+    vocab = read_model_config(tokenizer_dir)
     config = getattr(transformers, config_class)(
         **SHAPE,
         **extra,
@@ -105,7 +106,7 @@ def checkpoints(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def prompts(tiny_model_dir) -> list[list[int]]:
     generator = torch.Generator().manual_seed(1)
-    vocab = ModelConfig.from_dir(tiny_model_dir).vocab_size
+    vocab = read_model_config(tiny_model_dir).vocab_size
     return [torch.randint(3, vocab, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
 
 
@@ -120,7 +121,7 @@ def references(checkpoints, prompts) -> dict[str, tuple[FamilyReference, list[li
 
 
 def test_each_family_loads_with_its_switches(checkpoints):
-    configs = {name: ModelConfig.from_dir(path) for name, path in checkpoints.items()}
+    configs = {name: read_model_config(path) for name, path in checkpoints.items()}
     assert configs["llama"].attention_bias and configs["llama"].o_proj_bias
     assert configs["mistral"].sliding_window == 128
     assert configs["mistral"].max_position_embeddings == 128

@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 
 from engine.errors import CheckpointError
 from engine.gguf_tokenizer import gguf_tokenizer
-from engine.model.config import ModelConfig
+from engine.model.formats import read_model_config
 from engine.model.gguf_file import GGUFCheckpoint
 from engine.sampling_params import SamplingParams
 from serving.llm import LLM
@@ -48,7 +48,7 @@ def hf(files):
 
 @pytest.mark.parametrize("name", list(WRITERS))
 def test_config_from_metadata_equals_transformers(files, hf, name):
-    ours = ModelConfig.from_dir(files[name])
+    ours = read_model_config(files[name])
     theirs = hf[name][0].config
     assert ours.architecture == type(hf[name][0]).__name__
     for field in (
