@@ -1,8 +1,13 @@
 """Alembic configured in code from the installed ``migrations`` package, so schema commands
-work from any directory without an ``alembic.ini``."""
+work from any directory without an ``alembic.ini``.
+
+The package is found, not imported (``importlib.util.find_spec``): its ``env.py`` imports the
+control plane's models and database, and alembic runs it as a script, so the control plane
+never imports ``migrations`` and the two packages form no circle (issue 43)."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from alembic import command
@@ -10,17 +15,18 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-import migrations
 from control.core.db import make_engine, sqlite_url
 
 
 def script_location() -> Path:
-    # ``__path__``, not ``__file__``: an editable install made before ``migrations`` had an
-    # ``__init__.py`` still maps it as a namespace package.
-    for folder in migrations.__path__:
+    # The package's search locations, not its origin: an editable install made before
+    # ``migrations`` had an ``__init__.py`` still maps it as a namespace package.
+    spec = importlib.util.find_spec("migrations")
+    folders = list(spec.submodule_search_locations or ()) if spec is not None else []
+    for folder in folders:
         if (Path(folder) / "env.py").is_file():
             return Path(folder).resolve()
-    raise FileNotFoundError(f"no alembic env.py in {list(migrations.__path__)}")
+    raise FileNotFoundError(f"no alembic env.py in the migrations package ({folders})")
 
 
 def alembic_config(db_path: Path | None = None) -> Config:
