@@ -243,25 +243,37 @@ def cmd_tui(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from engine.checkpoint import default_model_dir
     from engine.config import EngineConfig
+    from engine.shipped_models import embedded_default
     from sim.calibrate import DEFAULT_GRID, QUICK_GRID, calibrate, write
+    from sim.calibrations import store
 
     config = EngineConfig(
-        model=str(args.model or default_model_dir()),
+        model=str(args.model or embedded_default()),
         device=args.device,
-        dtype=args.dtype or ("float32" if args.device == "cpu" else "bfloat16"),
+        dtype=args.dtype,
         num_threads=args.threads,
+        native_attention=args.native_attention,
     )
     grid = QUICK_GRID if args.quick else DEFAULT_GRID
-    print(f"calibrating {config.model}: {len(grid)} step shapes x {args.repeats} repeats")
+    print(
+        f"calibrating {config.model} ({config.weights_dtype}): "
+        f"{len(grid)} step shapes x {args.repeats} repeats"
+    )
     data = calibrate(config, grid, args.repeats, progress=print)
-    path = write(args.out, data)
+    paths = [write(args.out, data)] if args.out else []
+    if args.store:
+        paths.append(store(data))
     fit = data["fit"]
     print(
-        f"wrote {path}: mean |error| {fit['mean_abs_rel_error']:.1%}, "
-        f"max {fit['max_abs_rel_error']:.1%}; "
+        f"wrote {', '.join(map(str, paths)) or 'nothing (--no-store, no --out)'}: "
+        f"mean |error| {fit['mean_abs_rel_error']:.1%}, max {fit['max_abs_rel_error']:.1%}; "
         + ", ".join(f"{k}={v:.3g}" for k, v in fit["coefficients"].items())
+    )
+    machine = data["machine"]
+    print(
+        f"of model {data['model']['hash']}, {machine['dtype']}, {machine['attention']} "
+        f"attention, CPU {machine['cpu']}"
     )
     return 0
 
@@ -341,15 +353,27 @@ def build_parser() -> argparse.ArgumentParser:
     add_load_parser(sub)
 
     p = sub.add_parser("calibrate", help="fit a step cost model to this engine on this machine")
-    p.add_argument("--model", help="model folder or GGUF file (default: the embedded small)")
+    p.add_argument("--model", help="model folder or GGUF file (default: the embedded one)")
     p.add_argument(
         "--threads", type=int, default=DEFAULT_THREADS, help="torch threads (default: bench's)"
     )
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    p.add_argument("--dtype", help="default: float32 on CPU, bfloat16 on GPU")
+    p.add_argument("--dtype", default="auto", help="as serve's --dtype (default auto)")
+    p.add_argument(
+        "--native-attention",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="as serve's: the native paged decode kernel on CPU (default on)",
+    )
     p.add_argument("--repeats", type=int, default=5, help="timings per step shape (median)")
     p.add_argument("--quick", action="store_true", help="a small grid (seconds, for tests)")
-    p.add_argument("--out", required=True, help="calibration JSON to write")
+    p.add_argument("--out", help="also write the calibration JSON here")
+    p.add_argument(
+        "--store",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="store it under $SERVEDECK_HOME/calibrations, where serve finds it (default on)",
+    )
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("db", help="database maintenance")

@@ -7,7 +7,8 @@ returns a finished ``Runtime``. Nothing is attached afterwards.
 
 Order: the chat template's workers (they start while the model loads), the stored version in
 force, the engine service, the sweep's scheduler, the version in force, the policy store,
-prediction, schedules, the guardrail, the stall watchdog; then the jobs and the engine start.
+prediction (its cost model: ``--cost-model`` or the stored calibration of the served engine),
+schedules, the guardrail, the stall watchdog; then the jobs and the engine start.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from sqlmodel import Session
 from control.arrivals import ArrivalLog
 from control.chat.render import ChatRenderer
 from control.core.config import Settings
-from control.guardrail.prediction import Predictor
+from control.guardrail.prediction import Predictor, calibrate_command, uncalibrated
 from control.guardrail.service import JOB_ID as GUARDRAIL_JOB_ID
 from control.guardrail.service import TICK_S as GUARDRAIL_TICK_S
 from control.guardrail.service import Guardrail
@@ -46,6 +47,7 @@ from engine.front import EngineFront
 from engine.outputs import RequestOutput
 from policies.spec import check_caps, default_spec
 from serving.engine import LLMEngine
+from sim.calibrations import choose, served_identity
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,7 @@ def _build(
 
     service: EngineService
     testing: TestingHooks | None = None
+    attention: str | None = None  # the decode attention in force, where this process knows it
     if settings.replicas is None:
         log.info("loading %s", model_dir)
         llm_engine = LLMEngine.from_config(config)
@@ -105,6 +108,8 @@ def _build(
         # not started yet: in force before the first request
         llm_engine.set_policy(in_force.policy, version=row.version, queue=in_force.queue).result()
         local = LocalEngine(llm_engine, in_force, on_finished)
+        compute = getattr(llm_engine.runner, "compute", None)
+        attention = compute.attention if compute is not None else None
         service, testing = local, (local if settings.testing else None)
     else:  # the engines run on Ray Serve; this process holds their tokenizer-only front
         from control.fleet.fleet import Fleet
@@ -127,11 +132,20 @@ def _build(
                 store.mark(session, row.version, state, refused)
         except SQLAlchemyError as exc:  # serve anyway: the reconcile job records it later
             log.warning("version %d is in force; its state was not written: %s", row.version, exc)
+    served = served_identity(model_dir, config.weights_dtype, config.device, attention)
+    cost_model = choose(settings.cost_model, served)  # a foreign calibration fails the start
+    command = calibrate_command(config, settings.model)
+    if cost_model.spec is None:
+        log.info("no cost model: %s", uncalibrated(command))
+    else:
+        log.info("cost model %s (%s)", cost_model.spec, cost_model.calibration or "a profile")
     predictor = Predictor(
-        settings.cost_model,
+        cost_model.spec,
         front.limits,
         settings.prediction_timeout_s,
         settings.prediction_max_requests,
+        cost_model.calibration,
+        command,
     )
     schedules = Schedules(db, store, metrics, max_schedules=settings.max_schedules)
     guardrail = Guardrail(db, store, predictor, arrivals, schedules, metrics)

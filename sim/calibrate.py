@@ -12,9 +12,9 @@ every point instead of one.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -29,13 +29,19 @@ import torch
 from engine.batch import ScheduledBatch, ScheduledSeq, StepResult
 from engine.builder import ModelBundle, build_runner, load_bundle
 from engine.config import CPU_KV_CACHE_BYTES, EngineConfig
+from engine.cpu import BF16_FLAGS, cpu_features
 from engine.kv_pool import kv_bytes_per_block
 from engine.runner import ModelRunner, Runner
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from serving.engine import LLMEngine
 from sim.calibrated import FEATURES, FORMAT, fit, nnls
+from sim.calibrations import cpu_kind
 from sim.cost_model import StepShape
+from sim.fingerprint import HASH_OF, model_hash
+
+FLAGS_THAT_MATTER = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "amx_tile", *BF16_FLAGS)
+"""The CPU flags a calibration records (the kernels' speed turns on them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +218,7 @@ def calibrate(
         del runner
         runner, limits = build_runner(bundle, replace(config, num_kv_blocks=None))
         kv_bytes = limits.num_kv_blocks * per_block
+    features = cpu_features()
     bench = StepBench(runner, config.block_size, mc.vocab_size)
     started, load_start = time.perf_counter(), os.getloadavg()[0]
     samples = measure(bench, grid, repeats, progress)
@@ -220,15 +227,28 @@ def calibrate(
     overhead = engine_overhead(bundle, config)
     model = {"num_parameters": sum(p.numel() for p in bundle.model.parameters())}
     model |= {k: getattr(mc, k) for k in ("num_hidden_layers", "hidden_size", "vocab_size")}
+    compute = runner.compute
+    attention = compute.attention if compute is not None else "torch"
     return {
         "format": FORMAT,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "model": {"path": str(config.model), **model},
+        "servedeck": _version(),
+        "model": {
+            "path": str(config.model),
+            "hash": model_hash(config.model),
+            "hash_of": HASH_OF,
+            **model,
+        },
         "machine": {
             "device": config.device,
             "dtype": config.weights_dtype,
+            "attention": attention,
+            "attention_reason": compute.attention_reason if compute is not None else "",
+            "cpu": cpu_kind(config.device),
+            "cpu_model": features.model,
+            "cpu_capability": features.capability,
+            "cpu_flags": sorted(f for f in features.flags if f in FLAGS_THAT_MATTER),
             "threads": torch.get_num_threads(),
-            "cpu": platform.processor() or platform.machine(),
             "torch": torch.__version__,
         },
         "block_size": config.block_size,
@@ -248,6 +268,13 @@ def calibrate(
             for p, m, s in zip(grid, medians, samples, strict=True)
         ],
     }
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("servedeck")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def write(path: str | Path, data: dict[str, Any]) -> Path:

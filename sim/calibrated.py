@@ -32,8 +32,24 @@ FEATURES: tuple[str, ...] = (
     "decode_rows",
     "decode_context",
 )
-FORMAT = "servedeck-calibration/1"
-"""The ``format`` field a calibration file carries; ``load`` refuses any other."""
+FORMAT = "servedeck-calibration/2"
+"""The ``format`` field a calibration file carries; ``load`` refuses any other. Version 2
+records what the calibration is of (``sim.calibrations.Identity``: the model's hash, dtype,
+CPU kind, attention path), the torch and servedeck versions."""
+FORMAT_PREFIX = "servedeck-calibration/"
+
+
+def check_format(data: dict[str, Any], name: str) -> None:
+    """ValueError unless ``data`` is a calibration of this ``FORMAT``; an older one is named."""
+    got = data.get("format") if isinstance(data, dict) else None
+    if got == FORMAT:
+        return
+    if isinstance(got, str) and got.startswith(FORMAT_PREFIX):
+        raise ValueError(
+            f"{name}: a calibration of format {got}, this servedeck reads {FORMAT} (it records "
+            "the model, dtype and CPU kind it was made on): make it again with servedeck calibrate"
+        )
+    raise ValueError(f"{name}: not a calibration file (format {got!r})")
 
 
 def features(shape: StepShape) -> tuple[float, ...]:
@@ -103,8 +119,7 @@ class CalibratedModel(CostModel):
     """Predicts a step from the coefficients a ``servedeck calibrate`` file holds."""
 
     def __init__(self, data: dict[str, Any], name: str) -> None:
-        if data.get("format") != FORMAT:
-            raise ValueError(f"{name}: not a calibration file (format {data.get('format')!r})")
+        check_format(data, name)
         self.name = name
         self.data = data
         coefs = data["fit"]["coefficients"]

@@ -9,16 +9,23 @@ for predictions (however many settings) to one wall-clock deadline, which the wo
 itself and the server waits no longer than. Without a cost model, without recorded traffic,
 on a timeout or a failure the answer says there is no prediction and why (the dry run's
 ``Prediction``, or ``PredictionUnavailable`` from ``evaluate``).
+
+The cost model is chosen once at start (``sim.calibrations.choose``: ``--cost-model`` wins,
+then the stored calibration of the served model, dtype, CPU kind and attention path); every
+answer names the calibration it used (path, when made), and without one it says
+"uncalibrated" with the ``servedeck calibrate`` command that makes one (``calibrate_command``).
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import shlex
 import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
 
 from control.arrivals import ArrivalLog
 from control.guardrail.prediction_worker import (
@@ -31,12 +38,15 @@ from control.guardrail.prediction_worker import (
     warm,
 )
 from control.guardrail.schemas import Objectives
-from control.policy.schemas import PolicySettings, Prediction, SettingPrediction
-from engine.config import EngineLimits
+from control.policy.schemas import CalibrationUsed, PolicySettings, Prediction, SettingPrediction
+from engine.config import EngineConfig, EngineLimits
+from engine.cpu import choose_dtype
+from sim.calibrations import CalibrationRef
 from sim.trace import TraceRequest
 
 __all__ = [
     "TIMED_OUT",
+    "UNCALIBRATED",
     "PredictionUnavailable",
     "Predictor",
     "simulate_settings",
@@ -46,7 +56,22 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-NO_COST_MODEL = "no prediction: the server has no cost model (start it with --cost-model)"
+UNCALIBRATED = (
+    "uncalibrated: no prediction without a calibration of the served model, dtype and CPU kind"
+)
+DEFAULT_CALIBRATE = "servedeck calibrate"
+
+
+def uncalibrated(command: str = DEFAULT_CALIBRATE) -> str:
+    """The dry run's answer without a cost model: what is missing and the command that makes
+    it (the server finds the stored calibration at its next start)."""
+    return (
+        f"{UNCALIBRATED}; make one with `{command}` and restart the server (or start it with "
+        "--cost-model FILE or a profile)"
+    )
+
+
+NO_COST_MODEL = uncalibrated()
 NO_TRAFFIC = "no prediction: no traffic recorded yet"
 BUSY = "no prediction: another prediction is running"
 RESULT_GRACE_S = 0.25
@@ -61,14 +86,45 @@ class PredictionUnavailable(Exception):
         self.reason = reason
 
 
-def unavailable(reason: str, cost_model: str | None = None, trace: int = 0) -> Prediction:
+def unavailable(
+    reason: str,
+    cost_model: str | None = None,
+    trace: int = 0,
+    calibration: CalibrationUsed | None = None,
+    command: str | None = None,
+) -> Prediction:
     return Prediction(
         available=False,
         reason=reason,
         cost_model=cost_model,
+        calibration=calibration,
+        calibrate_command=command,
         trace_requests=trace,
         statement=reason,
     )
+
+
+def calibrate_command(config: EngineConfig, model: Path | None) -> str:
+    """The ``servedeck calibrate`` that makes a calibration of the engine ``config`` describes
+    (``model``: the one asked for, None for the embedded default)."""
+    parts = [DEFAULT_CALIBRATE]
+    if model is not None:
+        parts += ["--model", shlex.quote(str(Path(model).resolve()))]
+    if config.device != "cpu":
+        parts += ["--device", config.device]
+    if config.weights_dtype != choose_dtype("auto", config.device).dtype:  # calibrate's default
+        parts += ["--dtype", config.weights_dtype]
+    if not config.native_attention:
+        parts.append("--no-native-attention")
+    if config.num_threads:
+        parts += ["--threads", str(config.num_threads)]
+    return " ".join(parts)
+
+
+def _used(ref: CalibrationRef | None) -> CalibrationUsed | None:
+    if ref is None:
+        return None
+    return CalibrationUsed(path=ref.path, created=ref.created, source=ref.source)
 
 
 class Predictor:
@@ -80,8 +136,16 @@ class Predictor:
         limits: EngineLimits,
         timeout_s: float,
         max_requests: int,
+        calibration: CalibrationRef | None = None,
+        command: str = DEFAULT_CALIBRATE,
     ) -> None:
         self.spec = cost_model
+        self.calibration = _used(calibration)
+        """The calibration file ``cost_model`` is, and where it came from (every answer
+        names it)."""
+        self.command = command
+        """The command that makes a calibration of the served engine (said when there is
+        none)."""
         self.limits = limits
         self.timeout_s = timeout_s
         self.max_requests = max_requests
@@ -110,23 +174,31 @@ class Predictor:
     ) -> Prediction:
         """The dry run's: both settings on the most recent ``max_requests`` recorded arrivals."""
         if not self.available:
-            return unavailable(NO_COST_MODEL)
+            return unavailable(uncalibrated(self.command), command=self.command)
         trace = arrivals.trace(self.max_requests)
         try:
             now, then = self.evaluate(trace, [current, candidate], None)
         except PredictionUnavailable as exc:
-            return unavailable(exc.reason, self.name, len(trace))
+            return unavailable(exc.reason, self.name, len(trace), self.calibration)
         return Prediction(
             available=True,
             cost_model=self.name,
+            calibration=self.calibration,
             trace_requests=len(trace),
             statement=(
-                f"a prediction by the cost model {self.name!r} on the last {len(trace)} "
-                "recorded requests (simulated, not measured)"
+                f"a prediction by the cost model {self.name!r}{self._made()} on the last "
+                f"{len(trace)} recorded requests (simulated, not measured)"
             ),
             current=now,
             candidate=then,
         )
+
+    def _made(self) -> str:
+        """Which calibration, in words: ``(calibration PATH, made WHEN; stored)``."""
+        used = self.calibration
+        if used is None:
+            return ""
+        return f" (calibration {used.path}, made {used.created}; {used.source})"
 
     def evaluate(
         self,
@@ -143,7 +215,7 @@ class Predictor:
         ``PredictionUnavailable`` without a cost model or traffic, while another prediction
         runs, on the timeout or on a failure."""
         if not self.available:
-            raise PredictionUnavailable(NO_COST_MODEL)
+            raise PredictionUnavailable(uncalibrated(self.command))
         if not trace:
             raise PredictionUnavailable(NO_TRAFFIC)
         if not self._lock.acquire(blocking=False):

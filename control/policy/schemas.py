@@ -150,12 +150,37 @@ class SettingPrediction(BaseModel):
     )
 
 
+class CalibrationUsed(BaseModel):
+    """The calibration file a prediction's cost model is (``servedeck calibrate``'s)."""
+
+    path: str = Field(description="The file, as the server read it.")
+    created: str = Field(description="When it was made (ISO 8601, UTC).")
+    source: Literal["explicit", "stored"] = Field(
+        description="explicit: --cost-model FILE; stored: the server found it among the stored "
+        "calibrations ($SERVEDECK_HOME/calibrations) as the one of its model, dtype, CPU kind "
+        "and attention path."
+    )
+
+
 class Prediction(BaseModel):
     """A dry run's prediction, or why there is none (never a made-up figure)."""
 
     available: bool
-    reason: str | None = Field(None, description="Why there is no prediction (when unavailable).")
+    reason: str | None = Field(
+        None,
+        description="Why there is no prediction (when unavailable); 'uncalibrated: ...' where "
+        "the server has no cost model.",
+    )
     cost_model: str | None = Field(None, description="The cost model the prediction is from.")
+    calibration: CalibrationUsed | None = Field(
+        None,
+        description="The calibration the cost model is (null for a roofline profile, or none).",
+    )
+    calibrate_command: str | None = Field(
+        None,
+        description="Uncalibrated: the command that makes a calibration of the served model, "
+        "dtype and CPU, which the server finds at its next start.",
+    )
     trace_requests: int = Field(0, description="Recorded requests the prediction replayed.")
     statement: str = Field(description="What the figures are, in words.")
     current: SettingPrediction | None = Field(None, description="The setting in force now.")

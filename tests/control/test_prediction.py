@@ -98,11 +98,19 @@ def predicting(
     server.stop()
 
 
-def test_dry_run_without_a_cost_model_says_why(client: httpx.Client) -> None:
+def test_dry_run_without_a_cost_model_says_uncalibrated_and_the_command(
+    client: httpx.Client, main_server: ServerProcess
+) -> None:
+    """No --cost-model and no stored calibration of the served engine: "uncalibrated", with
+    the exact command that makes one (the served model, its threads)."""
     prediction = dry_run(client, policy={"name": "dynamic"})["prediction"]
     assert prediction["available"] is False
     assert prediction["current"] is None and prediction["candidate"] is None
-    assert "no cost model" in prediction["reason"] and "--cost-model" in prediction["reason"]
+    assert prediction["reason"].startswith("uncalibrated:")
+    command = f"servedeck calibrate --model {main_server.model_dir.resolve()} --threads 1"
+    assert prediction["calibrate_command"] == command
+    assert f"`{command}`" in prediction["reason"] and "--cost-model" in prediction["reason"]
+    assert prediction["calibration"] is None
 
 
 def test_trace_csv_needs_the_admin_token(client: httpx.Client) -> None:

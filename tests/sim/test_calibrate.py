@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import statistics
 from dataclasses import replace
@@ -9,13 +10,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from control.cli import main
 from engine.builder import build_runner, load_bundle
 from engine.config import CPU_KV_CACHE_BYTES, EngineConfig
+from engine.cpu import cpu_features
 from sim.calibrate import DEFAULT_GRID, QUICK_GRID, GridPoint, StepBench
 from sim.calibrated import FEATURES, FORMAT, CalibratedModel, features, fit, nnls
+from sim.calibrations import find, served_identity
 from sim.cost_model import StepShape
+from sim.fingerprint import model_hash
 from sim.models import load_cost_model
 
 KNOWN = {
@@ -69,15 +74,31 @@ def test_a_file_of_another_format_is_refused(tmp_path: Path) -> None:
 
 
 def test_quick_calibration_of_tiny_predicts_a_held_out_step(
-    tiny_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Tolerance: within a factor of 1.6 of the median of 7 timings. The fit's own error on
-    this shared 2-core machine is ~5-15 %; other processes' load makes single steps vary."""
+    this shared 2-core machine is ~5-15 %; other processes' load makes single steps vary.
+    The file records what it is of, and is stored where a server of that engine finds it."""
+    monkeypatch.setenv("SERVEDECK_HOME", str(tmp_path / "home"))
     out = tmp_path / "tiny.json"
     argv = ["calibrate", "--quick", "--repeats", "3", "--threads", "1"]
     assert main([*argv, "--model", str(tiny_model_dir), "--out", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert data["format"] == FORMAT
+    assert data["format"] == FORMAT == "servedeck-calibration/2"
+    dtype = EngineConfig(model=str(tiny_model_dir)).weights_dtype  # auto, as serve's
+    machine = data["machine"]
+    assert data["model"]["hash"] == model_hash(tiny_model_dir) and data["model"]["hash_of"]
+    assert data["model"]["path"] == str(tiny_model_dir)
+    assert (machine["dtype"], machine["cpu"]) == (dtype, cpu_features().summary)
+    assert machine["attention"] in ("native", "torch") and machine["attention_reason"]
+    assert machine["cpu_capability"] == cpu_features().capability
+    assert set(machine["cpu_flags"]) <= cpu_features().flags
+    assert machine["torch"] == torch.__version__ and machine["threads"] == 1
+    assert data["servedeck"] == importlib.metadata.version("servedeck")
+    served = served_identity(tiny_model_dir, dtype, "cpu", machine["attention"])
+    stored = find(served)
+    assert stored is not None and stored.parent == tmp_path / "home" / "calibrations"
+    assert json.loads(stored.read_text()) == data
     assert len(data["grid"]) == len(QUICK_GRID)
     assert all(len(g["samples_s"]) == 3 for g in data["grid"])
     assert data["fit"]["mean_abs_rel_error"] < 0.5
