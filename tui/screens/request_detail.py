@@ -130,10 +130,11 @@ class RequestDetailScreen(PolledScreen[RequestPage]):
         text, timeline = await asyncio.gather(
             self._text(client), self._timeline(client), return_exceptions=True
         )
-        for part in (text, timeline):
-            if isinstance(part, BaseException):
-                raise part
-        assert not isinstance(text, BaseException) and not isinstance(timeline, BaseException)
+        # both awaited before raising either: no fetch runs on past this poll
+        if isinstance(text, BaseException):
+            raise text
+        if isinstance(timeline, BaseException):
+            raise timeline
         return RequestPage(text, timeline)
 
     async def _text(self, client: ConsoleClient) -> Part[RequestText]:
