@@ -18,6 +18,8 @@ SHOWN = 4
 
 EIGHTHS = " ▏▎▍▌▋▊▉"
 LABEL_WIDTH = 11
+BAR_MAX = 24
+"""Cells of the widest bar: the shares and seconds stay near their labels."""
 
 
 def bar(fraction: float, width: int) -> str:
@@ -50,7 +52,7 @@ class WaitsPanel(Widget):
         lines: list[Content] = []
         if not shares:
             lines.append(Content.styled(f"no waiting in the last {summary.window_s:g} s", "dim"))
-        bar_width = max(width - LABEL_WIDTH - 15, 4)
+        bar_width = min(max(width - LABEL_WIDTH - 15, 4), BAR_MAX)
         for share in shares[:SHOWN]:
             fraction = share.seconds / total
             style = reason_style(share.reason)
