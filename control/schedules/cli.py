@@ -28,6 +28,8 @@ SCHEDULE_KEYS = (
 """What a schedule file holds (``ScheduleCreate``'s fields)."""
 
 
+# The schedules as the admin API sends them: JSON read by key (the console's and the CLI's
+# typed copy of the wire models is issue 43's "one wire contract", not this room's).
 def policy_label(schedule: dict[str, Any]) -> str:
     """``dynamic(length_window=64) reserve=0.2``: the setting a window applies, on one line."""
     spec = schedule["policy"]
@@ -112,7 +114,9 @@ def cmd_delete(args: argparse.Namespace, target: rest_cli.Target) -> None:
     print(f"deleted schedule {gone['id']}: {policy_label(gone)} from {cron_label(gone)}{ends}")
 
 
-def add_parser(sub: argparse._SubParsersAction, func: Callable[..., int]) -> None:
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], func: Callable[..., int]
+) -> None:
     """``servedeck schedule list|get|create|delete``; ``func`` runs the parsed args."""
     command = rest_cli.add_group(
         sub, "schedule", "policy windows (cron schedules), over the admin API", func

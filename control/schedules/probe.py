@@ -29,10 +29,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -78,7 +78,7 @@ def tick_cost(count: int, cron: str, ticks: int) -> dict[str, float]:
         store = PolicyStore(EngineLimits(16, 128, 512, 64, 2048), lambda *a, **k: None, metrics)
         schedules = Schedules(db, store, metrics)
 
-        def timed(call: Any) -> float:
+        def timed(call: Callable[[], object]) -> float:
             call()  # warm-up: the first call searches every schedule's firings
             spans = []
             for _ in range(ticks):
@@ -170,7 +170,8 @@ def _delete_all(http: httpx.Client) -> None:
 
 
 def _pooled(rounds: list[Phase], field: str) -> float:
-    return statistics.median(getattr(r, field) for r in rounds)
+    values: list[float] = [getattr(r, field) for r in rounds]
+    return statistics.median(values)
 
 
 def _create(http: httpx.Client, count: int, cron: str | None) -> None:
@@ -190,7 +191,7 @@ def _create(http: httpx.Client, count: int, cron: str | None) -> None:
 
 def run_load(
     count: int, cron: str | None, seconds: float, max_tokens: int, repeats: int
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """``repeats`` rounds of (no schedules, ``count`` schedules), alternated so the machine's
     drift falls on both; the ratios compare the medians of the rounds' p50s."""
     from bench import child_server
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         each.add_argument("--out", type=Path, help="write the result JSON here")
     args = parser.parse_args(argv)
     if args.command == "tick":
-        result: Any = {
+        result: dict[str, object] = {
             "code": os.getcwd(),
             "cron": args.cron,
             "runs": [tick_cost(n, args.cron, args.ticks) for n in args.schedules],

@@ -79,6 +79,8 @@ class ScheduleChangeView(BaseModel):
     action: Literal["create", "delete"]
     actor: str
     reason: str
+    # A schedule's public fields as the audit stored them, JSON: a row written by an older
+    # version keeps the fields it had then, so no model of today's reads it back.
     before: dict[str, Any] | None
     after: dict[str, Any] | None
     at: datetime

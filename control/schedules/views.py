@@ -75,7 +75,7 @@ def detail_of(session: Session, row: Schedule, now: datetime, active: int | None
     )
 
 
-def public(row: Schedule) -> dict[str, Any]:
+def public(row: Schedule) -> dict[str, Any]:  # JSON: the audit's before/after (schemas.py)
     return row.model_dump(mode="json", include=set(PUBLIC_FIELDS))
 
 
