@@ -15,7 +15,7 @@ from tui.models import RequestTimeline
 from tui.screens.request_detail import NO_TIMELINES, RequestDetailScreen
 from tui.waits import figures_change
 from tui.widgets.request_table import RequestTable
-from tui.widgets.timeline import TimelineBar, cell_widths
+from tui.widgets.timeline import TimelineBar, cell_widths, end_of, transition_rows
 
 SIZE = (120, 40)
 TIMELINE = load("timeline")
@@ -156,3 +156,11 @@ def test_the_wire_model_reads_the_servers_example() -> None:
     timeline = RequestTimeline.model_validate(TIMELINE)
     assert timeline.segments[1].held_by[0].reason == "group_running"
     assert timeline.segments[-1].end is None and not timeline.finished
+
+
+def test_an_open_segment_runs_to_now_or_to_the_last_time_named() -> None:
+    timeline = RequestTimeline.model_validate(TIMELINE)
+    assert end_of(timeline, 812.5) == 812.5  # arrival 806.3 + the state's age 6.2
+    assert end_of(timeline, None) == 811.05  # not listed: the open decode's start
+    last = transition_rows(timeline, None)[-1][1]
+    assert [cell.plain for cell in last[:3]] == ["+4.750", "0 ms…", "█ decode"]
