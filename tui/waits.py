@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from textual.content import Content
 
-from tui.models import HeldShare, Hold, WaitNow
+from tui.models import HeldShare, WaitNow
 
 WaitClass = Literal["memory", "batch", "step", "queue", "other"]
 """What kind of constraint: KV memory, the batch's caps, the step's budget, the queue's order."""
@@ -56,10 +56,6 @@ def wait_class(reason: str) -> WaitClass:
 
 def reason_style(reason: str) -> str:
     return CLASS_STYLES[wait_class(reason)]
-
-
-def styled_reason(reason: str) -> Content:
-    return Content.styled(label(reason), reason_style(reason))
 
 
 def held_reason(wait: WaitNow) -> str:
@@ -108,14 +104,6 @@ def figures_change(first: Any, last: Any) -> str:
         for k in last
     }
     return figures_text(merged)
-
-
-def hold_text(hold: Hold | None) -> str:
-    """``kv blocks: needs 12 blocks, 3 free (reserve 51)``."""
-    if hold is None:
-        return ""
-    words = figures_text(hold.figures)
-    return f"{label(hold.reason)}: {words}" if words else label(hold.reason)
 
 
 def biggest_first(shares: Iterable[HeldShare]) -> list[HeldShare]:
