@@ -31,16 +31,18 @@ REASONS: dict[str, tuple[str, WaitClass]] = {
 """Reason → (short label, class)."""
 
 CLASS_STYLES: dict[WaitClass, str] = {
-    "memory": "red",
-    "batch": "yellow",
-    "step": "cyan",
-    "queue": "magenta",
-    "other": "dim",
+    "memory": "#e5534b",  # red
+    "batch": "#e0a526",  # yellow
+    "step": "#39c5cf",  # cyan
+    "queue": "#c678dd",  # magenta
+    "other": "#8b949e",  # grey
 }
-"""Plain colour names, not theme variables: the request table's cells are Rich text, and a
-reason has the same colour in the table, the waits panel and the timeline."""
+"""Colours, not theme variables or ANSI names: the request table's cells are Rich text, the
+panels' Textual content, and a reason has the same colour in the table, the waits panel and
+the timeline's bar."""
 
-PHASE_STYLES: dict[str, str] = {"prefill": "blue", "decode": "green"}
+PHASE_STYLES: dict[str, str] = {"prefill": "#4f8ff7", "decode": "#57ab5a"}
+"""Blue and green; a phase this console does not know is grey."""
 
 BEHIND = "↳"
 """Marks a request waiting behind the queue's head, before what holds the head."""

@@ -12,10 +12,12 @@ from textual.widgets import Input
 from tests.tui.conftest import poll_times, quiet_settings, wait_for
 from tests.tui.recorded import RecordedServer, load
 from tui.app import ConsoleApp
+from tui.waits import CLASS_STYLES
 from tui.widgets.request_table import RequestTable
 from tui.widgets.waits_panel import WaitsPanel
 
 SIZE = (120, 40)
+RED = CLASS_STYLES["memory"]
 
 
 def console(state: dict[str, Any]) -> ConsoleApp:
@@ -50,9 +52,9 @@ async def test_waiting_requests_show_their_reason_coloured_and_their_seconds() -
     async with app.run_test(size=SIZE) as pilot:
         await poll_times(pilot, app, 1)
         cells = wait_cells(app)
-        assert cells["cmpl-006"] == ("kv blocks", "red", "0.9")  # the head: its own reason
-        assert cells["cmpl-007"] == ("↳kv blocks", "red", "0.8")  # behind a head held for KV
-        assert cells["cmpl-012"] == ("next step", "cyan", "0.1")
+        assert cells["cmpl-006"] == ("kv blocks", RED, "0.9")  # the head: its own reason
+        assert cells["cmpl-007"] == ("↳kv blocks", RED, "0.8")  # behind a head held for KV
+        assert cells["cmpl-012"] == ("next step", CLASS_STYLES["step"], "0.1")
         assert cells["cmpl-001"] == ("", "", "")  # running: no wait
         table = app.screen.query_one(RequestTable)
         assert "behind the queue's head" in str(table.border_subtitle)
@@ -132,7 +134,7 @@ async def test_a_newer_servers_reasons_and_fields_show_as_named() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await poll_times(pilot, app, 1)
         assert app.connection == "live"
-        assert wait_cells(app)["cmpl-006"] == ("tenant slot", "dim", "0.9")
+        assert wait_cells(app)["cmpl-006"] == ("tenant slot", CLASS_STYLES["other"], "0.9")
         lines = panel_lines(app)
         assert lines[0].startswith("tenant slot") and "70%" in lines[0]
         assert "head cmpl-006: tenant slot" in lines and "  slots=2 used=2" in lines

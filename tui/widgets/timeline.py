@@ -19,7 +19,15 @@ from textual.widget import Widget
 
 from tui.formatting import seconds
 from tui.models import RequestTimeline, Segment, TimelineEvent
-from tui.waits import PHASE_STYLES, biggest_first, figures_change, label, reason_style, shares_parts
+from tui.waits import (
+    CLASS_STYLES,
+    PHASE_STYLES,
+    biggest_first,
+    figures_change,
+    label,
+    reason_style,
+    shares_parts,
+)
 from tui.widgets.keyed_table import Row
 
 EVENT_LABELS = {
@@ -57,7 +65,7 @@ def look(segment: Segment) -> Look:
             by = held[0].reason if held else reason
             return Look(f"behind ({label(by)})", "▒", reason_style(by))
         return Look(label(reason), "█", reason_style(reason))
-    style = PHASE_STYLES.get(segment.phase, "dim")
+    style = PHASE_STYLES.get(segment.phase, CLASS_STYLES["other"])
     if segment.phase == "prefill" and segment.resumed:
         return Look("recompute", "▓", style)
     return Look(segment.phase, "█", style)
@@ -112,7 +120,7 @@ class TimelineBar(Widget):
         if timeline is None:
             return Content("")
         if not timeline.segments:
-            return Content.styled("no segment recorded yet", "dim")
+            return Content.styled("no segment recorded yet", "$text-muted")
         width = max(self.content_region.width, 10)
         parts = spans(timeline, self.now)
         start, end = timeline.arrival_time, end_of(timeline, self.now)
@@ -200,7 +208,7 @@ def _event_cells(event: TimelineEvent, t0: float) -> list[Text]:
     name = EVENT_LABELS.get(event.kind, event.kind.replace("_", " "))
     detail = CAUSES.get(event.cause, event.cause) if event.cause else ""
     detail = detail or event.finish_reason or event.policy or ""
-    style = "bold red" if event.kind == "preempted" else "bold"
+    style = f"bold {CLASS_STYLES['memory']}" if event.kind == "preempted" else "bold"
     return [_at(event.time, t0), Text(""), Text(f"● {name}", style=style), Text(detail)]
 
 

@@ -51,7 +51,9 @@ class WaitsPanel(Widget):
         total = sum(share.seconds for share in shares)
         lines: list[Content] = []
         if not shares:
-            lines.append(Content.styled(f"no waiting in the last {summary.window_s:g} s", "dim"))
+            lines.append(
+                Content.styled(f"no waiting in the last {summary.window_s:g} s", "$text-muted")
+            )
         bar_width = min(max(width - LABEL_WIDTH - 15, 4), BAR_MAX)
         for share in shares[:SHOWN]:
             fraction = share.seconds / total
@@ -71,7 +73,7 @@ class WaitsPanel(Widget):
             lines.append(
                 Content.styled(
                     f"{more:<{LABEL_WIDTH}}{'':{bar_width}}{left / total:>5.0%}{seconds(left):>9}",
-                    "dim",
+                    "$text-muted",
                 )
             )
         if summary.head is not None:
@@ -93,8 +95,8 @@ class WaitsPanel(Widget):
         """Where the slowest requests' waiting went: those finished in the window with a TTFT
         at or over its p99."""
         if summary.tail_ttft_s is None:
-            return [Content.styled("tail: nothing finished in the window", "dim")]
+            return [Content.styled("tail: nothing finished in the window", "$text-muted")]
         head = Content.assemble(("tail ", "bold"), f"(TTFT ≥ p99 {seconds(summary.tail_ttft_s)})")
         if not biggest_first(summary.tail):
-            return [head + Content.styled(" did not wait", "dim")]
+            return [head + Content.styled(" did not wait", "$text-muted")]
         return [head + Content(" waited for"), Content("  ") + shares_text(summary.tail)]
