@@ -134,7 +134,7 @@ class CompletionRequest(UnsupportedFields):
         description='Only "" (or null) is accepted: insertion is not supported.',
         json_schema_extra={"maxLength": 0},
     )
-    tools: list[Any] | None = Field(
+    tools: list[Any] | None = Field(  # Any: refused unless empty, so never read
         None,
         description="Only [] (or null) is accepted: tool calls are served on /v1/chat/completions.",
         json_schema_extra={"maxItems": 0},
@@ -182,7 +182,8 @@ class CompletionRequest(UnsupportedFields):
         """The request's prompts in order: its one prompt, or its batch's."""
         if isinstance(self.prompt, str):
             return [self.prompt]
-        items = list(self.prompt)  # validated: all token ids, all texts or all token lists
+        # validated: all token ids, all texts or all token lists
+        items: list[int | str | list[int]] = [*self.prompt]
         token_ids = [item for item in items if isinstance(item, int)]
         return [token_ids] if token_ids else [item for item in items if not isinstance(item, int)]
 

@@ -30,7 +30,7 @@ class AdminError(BaseModel):
     detail: str
 
 
-ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
+ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {  # FastAPI's `responses` (its own type)
     401: {"model": AdminError, "description": "No bearer token (WWW-Authenticate: Bearer)."},
     403: {"model": AdminError, "description": "The bearer token is not this server's."},
     503: {

@@ -22,7 +22,7 @@ class ModelCard(BaseModel):
     )
     parent: str | None = None
     max_model_len: int | None = Field(None, description="Prompt + output tokens, at most.")
-    permission: list[dict[str, Any]] = Field(default_factory=list)
+    permission: list[dict[str, Any]] = Field(default_factory=list)  # OpenAI's, always []
 
 
 class ModelList(BaseModel):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
+from pydantic.json_schema import JsonDict
 
 SCHEMA_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 """OpenAI's rule for ``json_schema.name``."""
@@ -31,7 +32,7 @@ class JsonSchemaFormat(BaseModel):
         description="The format's name: letters, digits, _ and -, at most 64.",
     )
     description: StrictStr | None = Field(None, description="Not shown to the model.")
-    schema_: dict[str, Any] | None = Field(
+    schema_: dict[str, Any] | None = Field(  # Any: a user's JSON Schema, arbitrary JSON
         None,
         alias="schema",
         description="A JSON Schema object. Absent: any JSON value. Keywords the grammar "
@@ -45,7 +46,7 @@ class JsonSchemaFormat(BaseModel):
     )
 
 
-JSON_SCHEMA_NEEDS_ITS_SCHEMA = {
+JSON_SCHEMA_NEEDS_ITS_SCHEMA: JsonDict = {
     "if": {"properties": {"type": {"const": "json_schema"}}, "required": ["type"]},
     "then": {"properties": {"json_schema": {"type": "object"}}, "required": ["json_schema"]},
 }
@@ -78,7 +79,7 @@ class StructuredOutputs(BaseModel):
         json_schema_extra={"maxProperties": 1},
     )
 
-    json_: dict[str, Any] | None = Field(
+    json_: dict[str, Any] | None = Field(  # Any: a user's JSON Schema, arbitrary JSON
         None, alias="json", description="A JSON Schema object the answer follows."
     )
     regex: StrictStr | None = Field(
