@@ -48,6 +48,7 @@ from engine.outputs import RequestOutput
 from policies.spec import check_caps, default_spec
 from serving.engine import LLMEngine
 from sim.calibrations import choose, served_identity
+from sim.correction import StepSource, observing
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ def _build(
     service: EngineService
     testing: TestingHooks | None = None
     attention: str | None = None  # the decode attention in force, where this process knows it
+    steps: StepSource | None = None  # the engine's recent steps, where this process sees them
     if settings.replicas is None:
         log.info("loading %s", model_dir)
         llm_engine = LLMEngine.from_config(config)
@@ -110,6 +112,7 @@ def _build(
         local = LocalEngine(llm_engine, in_force, on_finished)
         compute = getattr(llm_engine.runner, "compute", None)
         attention = compute.attention if compute is not None else None
+        steps = observing(llm_engine).recent  # its steps correct every prediction
         service, testing = local, (local if settings.testing else None)
     else:  # the engines run on Ray Serve; this process holds their tokenizer-only front
         from control.fleet.fleet import Fleet
@@ -146,6 +149,7 @@ def _build(
         settings.prediction_max_requests,
         cost_model.calibration,
         command,
+        steps,
     )
     schedules = Schedules(db, store, metrics, max_schedules=settings.max_schedules)
     guardrail = Guardrail(db, store, predictor, arrivals, schedules, metrics)

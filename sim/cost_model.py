@@ -70,7 +70,7 @@ class CostModel(ABC):
 
 class Scaled(CostModel):
     """``inner`` with every step ``factor`` times as long: a cost model corrected by what the
-    engine was observed to do (the guardrail's observed ÷ predicted step time)."""
+    engine was observed to do (``sim.correction``: its recent steps, observed ÷ predicted)."""
 
     def __init__(self, inner: CostModel, factor: float) -> None:
         if not factor > 0:

@@ -1,7 +1,8 @@
 """What the engine did, measured, and how that compares with the cost model's prediction:
-the guardrail's observed figures over a window of finished requests, the cost model's
-correction (observed ÷ predicted step time) and a decision's prediction error. Pure: no I/O,
-no clock reads (``control.guardrail.plan`` re-exports these).
+the guardrail's observed figures over a window of finished requests and a decision's
+prediction error. Pure: no I/O, no clock reads (``control.guardrail.plan`` re-exports these).
+The cost model's correction is the engine's own steps' (``sim.correction``,
+``Predictor.correction``).
 """
 
 from __future__ import annotations
@@ -13,31 +14,6 @@ from control.arrivals import Finished
 from control.guardrail.schemas import Objectives, ObservedFigures
 from control.policy.schemas import SettingPrediction
 from engine.stats import percentile
-
-CORRECTION_BOUNDS = (0.2, 5.0)
-CORRECTION_SMOOTHING = 0.5
-"""Weight of the newest observation in the correction's moving average."""
-
-
-def correction(
-    observed: ObservedFigures | None, predicted: SettingPrediction, previous: float | None
-) -> float:
-    """How much slower the engine runs than the cost model says: observed ÷ predicted step
-    time, read as TPOT p99 (TTFT p99 when either TPOT is unknown) of the setting in force,
-    predicted unscaled. Averaged with ``previous`` (weight ``CORRECTION_SMOOTHING`` on the new
-    one) and clamped into ``CORRECTION_BOUNDS``; ``previous`` (or 1.0) when nothing compares."""
-    ratio = None
-    if observed is not None:
-        for field in ("tpot_p99_s", "ttft_p99_s"):
-            seen, said = getattr(observed, field), getattr(predicted, field)
-            if seen is not None and said:
-                ratio = seen / said
-                break
-    if ratio is None:
-        return 1.0 if previous is None else previous
-    if previous is not None:
-        ratio = CORRECTION_SMOOTHING * ratio + (1 - CORRECTION_SMOOTHING) * previous
-    return min(max(ratio, CORRECTION_BOUNDS[0]), CORRECTION_BOUNDS[1])
 
 
 class Timed(Protocol):

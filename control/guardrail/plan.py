@@ -4,7 +4,8 @@ Given the setting in force and the operator's bounds it lists the settings worth
 (``candidates``); given their predictions it picks the one that meets the objectives with the
 most throughput (``choose``), with hysteresis so a change must pay for itself. It also turns
 finished requests into observed figures and compares them with what was predicted
-(``observed_figures``, ``correction``, ``prediction_error``).
+(``observed_figures``, ``prediction_error``); the cost model's correction is the engine's
+own steps' (``sim.correction``).
 """
 
 from __future__ import annotations
@@ -15,13 +16,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from control.guardrail.observed import (
-    CORRECTION_BOUNDS,
-    correction,
-    observed_figures,
-    prediction_error,
-    within,
-)
+from control.guardrail.observed import observed_figures, prediction_error, within
 from control.guardrail.reason import changes, explain
 from control.guardrail.schemas import Candidate, GuardrailConfig, Objectives
 from control.policy.schemas import PolicySettings, SettingPrediction
@@ -30,13 +25,11 @@ from policies.registry import POLICIES
 from policies.spec import parse_spec
 
 __all__ = [
-    "CORRECTION_BOUNDS",
     "Choice",
     "assess",
     "candidates",
     "changes",
     "choose",
-    "correction",
     "explain",
     "margin",
     "meets",

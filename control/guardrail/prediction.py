@@ -42,6 +42,7 @@ from control.policy.schemas import CalibrationUsed, PolicySettings, Prediction, 
 from engine.config import EngineConfig, EngineLimits
 from engine.cpu import choose_dtype
 from sim.calibrations import CalibrationRef
+from sim.correction import StepSource, step_ratio
 from sim.trace import TraceRequest
 
 __all__ = [
@@ -138,8 +139,12 @@ class Predictor:
         max_requests: int,
         calibration: CalibrationRef | None = None,
         command: str = DEFAULT_CALIBRATE,
+        steps: StepSource | None = None,
     ) -> None:
         self.spec = cost_model
+        self.steps = steps
+        """The engine's recent steps (shape and wall time), which correct every prediction;
+        None where this process does not see them (a fleet's replicas)."""
         self.calibration = _used(calibration)
         """The calibration file ``cost_model`` is, and where it came from (every answer
         names it)."""
@@ -176,22 +181,38 @@ class Predictor:
         if not self.available:
             return unavailable(uncalibrated(self.command), command=self.command)
         trace = arrivals.trace(self.max_requests)
+        correction = self.correction()
         try:
-            now, then = self.evaluate(trace, [current, candidate], None)
+            now, then = self.evaluate(trace, [current, candidate], None, correction or 1.0)
         except PredictionUnavailable as exc:
             return unavailable(exc.reason, self.name, len(trace), self.calibration)
+        corrected = (
+            f", every step x{correction:.3g} (observed / predicted over the engine's recent steps)"
+            if correction is not None
+            else ", uncorrected (no engine steps seen yet)"
+        )
         return Prediction(
             available=True,
             cost_model=self.name,
             calibration=self.calibration,
+            correction=correction,
             trace_requests=len(trace),
             statement=(
-                f"a prediction by the cost model {self.name!r}{self._made()} on the last "
-                f"{len(trace)} recorded requests (simulated, not measured)"
+                f"a prediction by the cost model {self.name!r}{self._made()}{corrected}, on "
+                f"the last {len(trace)} recorded requests (simulated, not measured)"
             ),
             current=now,
             candidate=then,
         )
+
+    def correction(self) -> float | None:
+        """How much slower the engine runs than the cost model says: observed ÷ predicted
+        over the engine's recent steps (``sim.correction.step_ratio``, clamped); None without
+        a cost model or a step seen. The dry run and the guardrail scale every step by it."""
+        if not self.available or self.steps is None:
+            return None
+        assert self.spec is not None
+        return step_ratio(cached_cost_model(self.spec), self.steps())
 
     def _made(self) -> str:
         """Which calibration, in words: ``(calibration PATH, made WHEN; stored)``."""

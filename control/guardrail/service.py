@@ -193,9 +193,10 @@ class Guardrail:
 
     def evaluate(self, stored: rows.StoredConfig) -> DecisionView | None:
         """One evaluation under ``stored``: the figures observed over ``window_s`` (and the
-        ``observed_after`` of earlier decisions); under ``MIN_REQUESTS`` nothing more; the
-        setting in force simulated as is (the correction), then every candidate with the
-        corrected model (each simulation call may take ``interval_s``, at least the dry run's
+        ``observed_after`` of earlier decisions); under ``MIN_REQUESTS`` nothing more; every
+        candidate simulated with the cost model corrected by the engine's recent steps
+        (``Predictor.correction``: the dry run's too; the last one kept while no step is seen)
+        (the simulation call may take ``interval_s``, at least the dry run's
         timeout: a full trace of many candidates takes tens of seconds); ``plan.choose``; a
         proposal becomes one decision row, its outcome by ``_act``'s precedence. A proposal
         made while the config changed is dropped."""
@@ -221,8 +222,9 @@ class Guardrail:
             trace = self._arrivals.trace(self._predictor.max_requests, now - config.window_s)
             timeout = max(self._predictor.timeout_s, config.interval_s)
             try:
-                [alone] = self._predictor.evaluate(trace, [current], objectives, 1.0, timeout)
-                correction = plan.correction(observed, alone, seen.correction)
+                # the one correction: the engine's recent steps against the model's prediction
+                found = self._predictor.correction()
+                correction = (seen.correction or 1.0) if found is None else found
                 settings = plan.candidates(current, config, self._store.limits)
                 predicted = self._predictor.evaluate(
                     trace, settings, objectives, correction, timeout

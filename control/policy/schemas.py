@@ -176,6 +176,11 @@ class Prediction(BaseModel):
         None,
         description="The calibration the cost model is (null for a roofline profile, or none).",
     )
+    correction: float | None = Field(
+        None,
+        description="Every predicted step was scaled by this: the engine's recent step times "
+        "÷ the cost model's prediction for the same steps (null: none seen yet, unscaled).",
+    )
     calibrate_command: str | None = Field(
         None,
         description="Uncalibrated: the command that makes a calibration of the served model, "

@@ -62,4 +62,5 @@ def test_the_dry_run_names_the_stored_calibration_it_used(
     assert prediction["cost_model"] == f"calibrated:{path.name}"
     assert f"calibration {path}, made {CREATED}; stored" in prediction["statement"]
     assert prediction["calibrate_command"] is None
+    assert prediction["correction"] is not None  # by the engine's steps of the two requests
     assert prediction["current"]["requests"] == 2

@@ -1,5 +1,5 @@
 """The guardrail's planner (control/guardrail/plan.py), pure: settings, predictions and
-objectives in, candidates, margins, corrections and choices out."""
+objectives in, candidates, margins and choices out."""
 
 from __future__ import annotations
 
@@ -11,11 +11,9 @@ from pydantic import ValidationError
 
 from control.arrivals import ArrivalLog, Finished
 from control.guardrail.plan import (
-    CORRECTION_BOUNDS,
     assess,
     candidates,
     choose,
-    correction,
     margin,
     meets,
     observed_figures,
@@ -172,7 +170,7 @@ def test_candidates_keep_to_max_candidates_taking_the_policies_in_turns() -> Non
     assert candidates(current, config(max_candidates=1, **WIDE), LIMITS) == [current]
 
 
-# -- margins and corrections -----------------------------------------------------------------
+# -- margins (the correction: tests/sim/test_correction.py) -----------------------------------
 
 
 def test_margin_is_the_tightest_objective_and_none_without_figures() -> None:
@@ -190,25 +188,6 @@ def test_margin_is_the_tightest_objective_and_none_without_figures() -> None:
         since=T0, until=T0, requests=5, output_tokens_per_s=1.0, ttft_p99_s=0.75, tpot_p99_s=None
     )
     assert margin(observed, TTFT_1S) == pytest.approx(0.25)
-
-
-def observed(ttft: float | None, tpot: float | None) -> ObservedFigures:
-    return ObservedFigures(
-        since=T0, until=T0, requests=5, output_tokens_per_s=1.0, ttft_p99_s=ttft, tpot_p99_s=tpot
-    )
-
-
-def test_correction_reads_tpot_then_ttft_smooths_and_clamps() -> None:
-    predicted = prediction(ttft=0.5, tpot_p99_s=0.02)
-    assert correction(observed(0.5, 0.04), predicted, None) == pytest.approx(2.0)
-    assert correction(observed(0.5, 0.04), predicted, 1.0) == pytest.approx(1.5)  # EMA 0.5
-    assert correction(observed(1.5, None), predicted, None) == pytest.approx(3.0)  # TTFT
-    no_tpot = prediction(ttft=0.5)
-    assert correction(observed(0.25, 0.04), no_tpot, None) == pytest.approx(0.5)
-    assert correction(observed(0.5, 1.0), predicted, None) == CORRECTION_BOUNDS[1]
-    assert correction(observed(0.5, 0.0001), predicted, None) == CORRECTION_BOUNDS[0]
-    assert correction(None, predicted, 1.7) == 1.7 and correction(None, predicted, None) == 1.0
-    assert correction(observed(None, None), predicted, 0.8) == 0.8
 
 
 def test_prediction_error_is_observed_over_predicted_where_both_are_known() -> None:

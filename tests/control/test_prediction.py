@@ -148,6 +148,12 @@ def test_trace_round_trips_and_the_dry_run_predicts_both_settings(
     assert prediction["available"] is True, prediction
     assert prediction["cost_model"] == COST_MODEL and prediction["trace_requests"] == 3
     assert COST_MODEL in prediction["statement"] and "not measured" in prediction["statement"]
+    assert prediction["calibration"] is None  # a profile, no calibration file
+    # Every step scaled by the engine's own steps' observed / predicted (clamped: a GPU's
+    # profile prices this CPU's steps far too fast).
+    scale = prediction["correction"]
+    assert scale is not None and 0.2 <= scale <= 5.0
+    assert f"every step x{scale:.3g}" in prediction["statement"]
     # The figures are the simulator's own on that trace, in this process for each setting.
     expected = simulate_settings(
         COST_MODEL,
@@ -155,6 +161,7 @@ def test_trace_round_trips_and_the_dry_run_predicts_both_settings(
         limits,
         [PolicySettings(**current), PolicySettings(**result["settings"])],
         float("inf"),
+        scale,
     )
     for side, figures in zip(("current", "candidate"), expected, strict=True):
         assert prediction[side] == pytest.approx(figures.model_dump(mode="json")), side
@@ -211,6 +218,9 @@ def test_a_prediction_past_its_time_limit_answers_timed_out(
                 "available": False,
                 "reason": TIMED_OUT,
                 "cost_model": COST_MODEL,
+                "calibration": None,
+                "correction": None,
+                "calibrate_command": None,
                 "trace_requests": 1,
                 "statement": TIMED_OUT,
                 "current": None,
