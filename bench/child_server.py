@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
@@ -22,10 +23,14 @@ def free_port() -> int:
 
 
 def start_server(
-    model_dir: Path, workdir: Path, admin_token: str, args: list[str]
+    model_dir: Path,
+    workdir: Path,
+    admin_token: str,
+    args: list[str],
+    extra_env: Mapping[str, str] | None = None,
 ) -> tuple[subprocess.Popen, str]:
-    """Start the server with ``args`` after the model, port, database and token; the log
-    goes to ``workdir/server.log``."""
+    """Start the server with ``args`` after the model, port, database and token, with
+    ``extra_env`` added to its environment; the log goes to ``workdir/server.log``."""
     port = free_port()
     argv = [
         sys.executable, "-m", "control.cli", "serve",
@@ -34,6 +39,7 @@ def start_server(
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("SERVEDECK_")}
     env |= {"SERVEDECK_HOME": str(workdir), "TOKENIZERS_PARALLELISM": "false"}
+    env |= extra_env or {}
     log = (workdir / "server.log").open("w")
     proc = subprocess.Popen(argv, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
