@@ -1,7 +1,9 @@
-"""Fixtures of the control-plane tests: one shared server for the session."""
+"""Fixtures of the control-plane tests: one shared server for the session, and one tool-calling
+Qwen2 server for the tool and LangChain modules."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +11,8 @@ import httpx
 import pytest
 
 from tests.control.support import TOKEN, ServerProcess
+from tests.control.test_tool_parser import QWEN_TOOLS_TEMPLATE
+from tests.engine.test_families import write_family
 
 MAIN_SERVER_ARGS = [
     *("--admin-token", TOKEN, "--max-waiting", "2", "--served-model-name", "tiny"),
@@ -38,3 +42,20 @@ def main_server(
 def client(main_server: ServerProcess) -> Iterator[httpx.Client]:
     with main_server.client() as http:
         yield http
+
+
+@pytest.fixture(scope="package")
+def qwen(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A random Qwen2 checkpoint (transformers' own) with the tiny tokenizer and Qwen2.5's
+    chat template, tools branch included, served as ``m``: started once for the modules that
+    call tools (test_tools, test_langchain)."""
+    model = write_family(tmp_path_factory.mktemp("qwen") / "qwen2", "qwen2-tied", tiny_model_dir)
+    config_path = model / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "chat_template": QWEN_TOOLS_TEMPLATE}))
+    server = ServerProcess(
+        model, tmp_path_factory.mktemp("qwen-server"), ["--served-model-name", "m"], {}
+    )
+    server.start()
+    yield server
+    server.stop()

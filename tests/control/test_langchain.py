@@ -13,8 +13,6 @@ download one)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Literal
 
 import jsonschema
@@ -26,8 +24,6 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ConfigDict, Field
 
 from tests.control.support import ServerProcess
-from tests.control.test_tool_parser import QWEN_TOOLS_TEMPLATE
-from tests.engine.test_families import write_family
 
 
 class City(BaseModel):
@@ -51,20 +47,6 @@ def get_weather(city: str, unit: str) -> str:
 
 WEATHER_SCHEMA = WeatherQuery.model_json_schema()
 QUESTION = [HumanMessage("What is the weather in Paris?")]
-
-
-@pytest.fixture(scope="module")
-def qwen(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """As tests/control/test_tools.py's: a random Qwen2 checkpoint with Qwen2.5's template."""
-    model = write_family(tmp_path_factory.mktemp("qwen") / "qwen2", "qwen2-tied", tiny_model_dir)
-    config_path = model / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config_path.write_text(json.dumps({**config, "chat_template": QWEN_TOOLS_TEMPLATE}))
-    folder = tmp_path_factory.mktemp("qwen-server")
-    server = ServerProcess(model, folder, ["--served-model-name", "m"], {})
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -17,8 +17,6 @@ import pytest
 
 from engine.shipped_models import smollm2_gguf
 from tests.control.support import ServerProcess, sse_events
-from tests.control.test_tool_parser import QWEN_TOOLS_TEMPLATE
-from tests.engine.test_families import write_family
 
 WEATHER_PARAMETERS = {
     "type": "object",
@@ -60,19 +58,6 @@ def start(model: Path, folder: Path) -> ServerProcess:
     server = ServerProcess(model, folder, ["--served-model-name", "m"], {})
     server.start()
     return server
-
-
-@pytest.fixture(scope="module")
-def qwen(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A random Qwen2 checkpoint (transformers' own) with the tiny tokenizer and Qwen2.5's
-    chat template, tools branch included."""
-    model = write_family(tmp_path_factory.mktemp("qwen") / "qwen2", "qwen2-tied", tiny_model_dir)
-    config_path = model / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config_path.write_text(json.dumps({**config, "chat_template": QWEN_TOOLS_TEMPLATE}))
-    server = start(model, tmp_path_factory.mktemp("qwen-server"))
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
