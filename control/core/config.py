@@ -3,9 +3,11 @@
 ``policy``, ``memory_reserve`` and ``reclaim_interval_s`` are *overrides*: unset, the newest
 stored policy version decides; set, they win for this process until a PUT replaces them.
 
-The engine settings are EngineConfig's fields (type, default, bounds, help come from there):
-``ENGINE_SETTINGS`` names the ones the server takes, ``POLICY_OVERRIDES`` the ones the policy
-store decides (None by default here).
+The engine settings are EngineConfig's fields: ``ENGINE_SETTINGS`` names the ones the server
+takes, ``POLICY_OVERRIDES`` the ones the policy store decides (None by default here). Their
+types are written out in ``EngineSettings`` for the type checker; default, bounds and help
+come from EngineConfig (``engine_field``), and tests/control/test_config_knobs.py checks that
+the types, defaults, bounds and help all match EngineConfig's.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, create_model, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from control.chat.tools import ToolFormat
 from control.core.api_keys import ApiKeys
-from engine.config import MEMORY_RESERVE_BOUNDS, config_options
+from engine.config import MEMORY_RESERVE_BOUNDS, DtypeSetting, config_options
 from policies.base import PolicyName
 
 __all__ = ["MEMORY_RESERVE_BOUNDS", "RECLAIM_INTERVAL_BOUNDS", "Settings"]
@@ -49,25 +51,47 @@ ENGINE_SETTINGS = (
 """EngineConfig fields the server takes as settings, with EngineConfig's defaults."""
 
 
-def engine_setting(name: str) -> tuple[Any, Any]:
-    """An EngineConfig field as a pydantic field: ``(type, Field(default, bounds, help))``."""
+def engine_type(name: str) -> Any:  # Any: a type built at run time (a typing form)
+    """The type EngineConfig gives field ``name`` as a setting (a policy override's and an
+    optional field's with None; ``choices`` as a ``Literal``)."""
     option = config_options()[name]
     kind: Any = Literal[option.choices] if option.choices else option.type
     if name == "policy":
         kind = PolicyName
-    override = name in POLICY_OVERRIDES
-    if override or option.optional:
+    if name in POLICY_OVERRIDES or option.optional:
         kind = kind | None
-    bounds = {k: v for k, v in (("ge", option.ge), ("le", option.le)) if v is not None}
-    default = None if override else option.default
-    return kind, Field(default, description=option.help, **bounds)
+    return kind
 
 
-_EngineSettings: type[BaseSettings] = create_model(
-    "_EngineSettings",
-    __base__=BaseSettings,
-    **{name: engine_setting(name) for name in (*POLICY_OVERRIDES, *ENGINE_SETTINGS)},
-)
+def engine_field(name: str) -> Any:  # Any: a FieldInfo stands for the default, as with Field
+    """EngineConfig's field ``name`` as a setting's default: its default (None for a policy
+    override), bounds and help."""
+    option = config_options()[name]
+    default = None if name in POLICY_OVERRIDES else option.default
+    return Field(default, description=option.help, ge=option.ge, le=option.le)
+
+
+class EngineSettings(BaseSettings):
+    """The EngineConfig fields the server takes (``POLICY_OVERRIDES`` + ``ENGINE_SETTINGS``),
+    typed as EngineConfig types them (a test compares each with ``engine_type``)."""
+
+    policy: PolicyName | None = engine_field("policy")
+    memory_reserve: float | None = engine_field("memory_reserve")
+    device: str = engine_field("device")
+    dtype: DtypeSetting = engine_field("dtype")
+    block_size: Literal[16, 32, 64] = engine_field("block_size")  # engine.config.BLOCK_SIZES
+    num_kv_blocks: int | None = engine_field("num_kv_blocks")
+    max_model_len: int | None = engine_field("max_model_len")
+    max_waiting: int = engine_field("max_waiting")
+    timelines_kept: int = engine_field("timelines_kept")
+    wait_window_s: float = engine_field("wait_window_s")
+    max_num_seqs: int = engine_field("max_num_seqs")
+    max_num_batched_tokens: int = engine_field("max_num_batched_tokens")
+    num_threads: int | None = engine_field("num_threads")
+    native_attention: bool = engine_field("native_attention")
+    packed_products: Literal["auto", "onednn", "off"] = engine_field("packed_products")
+    tensor_parallel_size: int = engine_field("tensor_parallel_size")
+    tokenizer: str | None = engine_field("tokenizer")
 
 
 DEMO_LOAD_RATE = 0.5
@@ -76,8 +100,7 @@ up). The real default model's chat answers average ~100 tokens, and its continuo
 serves ~100 output tokens/s on 2 cores: 2 requests/s queued without end, 0.5 keeps up."""
 
 
-# the base is made by create_model from EngineConfig's options: mypy cannot see through it
-class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
+class Settings(EngineSettings):
     model_config = SettingsConfigDict(env_prefix="SERVEDECK_", extra="ignore")
 
     model: Path | None = Field(None, description="Model folder or GGUF file (default: embedded).")
@@ -256,7 +279,7 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
         """The keys /v1 accepts (None: no key needed)."""
         return self._api_keys
 
-    def engine_values(self) -> dict[str, Any]:
+    def engine_values(self) -> dict[str, Any]:  # Any: EngineConfig's keyword arguments
         """The engine settings by EngineConfig field name (the overrides go through the
         policy store, see ``control.policy.rows.with_overrides``)."""
         return {name: getattr(self, name) for name in ENGINE_SETTINGS}
@@ -272,10 +295,10 @@ class Settings(_EngineSettings):  # type: ignore[valid-type,misc]
         """``--tokenizer``: the folder whose tokenizer and chat template win over the model's."""
         return Path(self.tokenizer) if self.tokenizer else None
 
-    def policy_overrides(self) -> dict[str, Any]:
+    def policy_overrides(self) -> dict[str, object]:
         """The settings that override the stored version (by its field's dotted name), for this
         process until a PUT replaces them."""
-        overrides: dict[str, Any] = {}
+        overrides: dict[str, object] = {}
         if self.policy is not None:
             overrides["policy.name"] = self.policy
         if self.memory_reserve is not None:

@@ -42,6 +42,7 @@ def unavailable(exc: BaseException) -> str:
     return f"store unavailable: {cause}"
 
 
+# Any: SQLAlchemy's connect event hands the DBAPI connection (sqlite3's), untyped there
 def _on_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     try:

@@ -14,6 +14,7 @@ from control.core.config import (
     MEMORY_RESERVE_BOUNDS,
     POLICY_OVERRIDES,
     Settings,
+    engine_type,
 )
 from control.policy.rows import DEFAULT_SETTINGS
 from control.policy.schemas import PolicySettings
@@ -62,7 +63,8 @@ def test_serve_flags_are_unset_so_settings_and_the_store_decide():
 
 
 def test_settings_engine_fields_match_engine_config():
-    """Same default (None for a policy override), same bounds, same help as EngineConfig."""
+    """Same type (written out for the type checker), same default (None for a policy
+    override), same bounds, same help as EngineConfig."""
     engine_fields = [n for n in Settings.model_fields if n in config_options()]
     assert set(engine_fields) == {*POLICY_OVERRIDES, *ENGINE_SETTINGS}
     for name in engine_fields:
@@ -71,6 +73,7 @@ def test_settings_engine_fields_match_engine_config():
         assert field.default == expected, name
         assert _bounds(field.metadata) == (option.ge, option.le), name
         assert field.description == option.help, name
+        assert field.annotation == engine_type(name), name
 
 
 def test_settings_validate_with_engine_types_and_bounds():
