@@ -51,6 +51,12 @@ NO_COST_MODEL = "off: the server has no cost model (start it with --cost-model)"
 CLOSE_WAIT_S = 1.0
 
 
+def no_cost_model(command: str) -> str:
+    """The status without a cost model: ``NO_COST_MODEL`` and the command that makes one (the
+    server finds the calibration it stores at its next start)."""
+    return f"{NO_COST_MODEL[:-1]}, or make one with `{command}` and restart it)"
+
+
 @dataclass(frozen=True, slots=True)
 class _Seen:
     """What the last evaluation found (the status' figures)."""
@@ -117,7 +123,7 @@ class Guardrail:
         if config.mode == "off":
             active, reason = False, KILL_SWITCH
         elif not self._predictor.available:
-            active, reason = False, NO_COST_MODEL
+            active, reason = False, no_cost_model(self._predictor.command)
         else:
             active, reason = True, seen.note
         return GuardrailStatus(
