@@ -141,7 +141,9 @@ def _build(
     if cost_model.spec is None:
         log.info("no cost model: %s", uncalibrated(command))
     else:
-        log.info("cost model %s (%s)", cost_model.spec, cost_model.calibration or "a profile")
+        used = cost_model.calibration
+        made = f"{used.source} calibration made {used.created}" if used else "a profile"
+        log.info("cost model %s (%s)", cost_model.spec, made)
     predictor = Predictor(
         cost_model.spec,
         front.limits,
