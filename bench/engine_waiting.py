@@ -1,6 +1,7 @@
 """How much of the engine's time the server takes (issue 40, step 4): the same burst run
 offline (``LLM.generate``) and served (a ``servedeck serve`` child, the burst sent over HTTP,
-streamed), alternated, each in a fresh process, with and without the intra-op threads pinned.
+streamed), alternated, each in a fresh process, under libgomp's settings for the intra-op
+threads: as they come, pinned to cores, or waiting passively (asleep, not spinning).
 
 For each run: the burst's wall time, output tok/s, and the engine's own books over the burst
 (``EngineStats``: steps, Σ step wall time, Σ the stepping thread's CPU time in its steps — read
@@ -14,11 +15,13 @@ from ``/admin/state``'s totals when served). What the server costs the engine sh
 
 The burst is bench.offline_burst's: 64 requests, prompts of 192–320 random token ids, 128
 output tokens held by ``ignore_eos``; greedy here in both (the HTTP load sends temperature 0).
-Pinning is libgomp's ``OMP_PROC_BIND=close OMP_PLACES=cores`` on the child.
+The settings (``OMP``): ``default`` (libgomp's own: a waiting thread spins a while, then
+sleeps), ``bound`` (``OMP_PROC_BIND=close OMP_PLACES=cores``), ``passive``
+(``OMP_WAIT_POLICY=PASSIVE``), each set in the child's environment before torch loads.
 
-``PYTHONPATH=. .venv/bin/python -m bench.engine_waiting [--rounds 2] [--pin off on] [--threads
-2]`` writes ``bench/results/engine-waiting/runs.jsonl`` (one line a run, appended as it ends, so
-an interrupted run keeps what finished) and ``summary.md``.
+``PYTHONPATH=. .venv/bin/python -m bench.engine_waiting [--rounds 2] [--omp default bound
+passive] [--threads 2]`` writes ``bench/results/engine-waiting/runs.jsonl`` (one line a run,
+appended as it ends, so an interrupted run keeps what finished) and ``summary.md``.
 """
 
 from __future__ import annotations
@@ -35,7 +38,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 OUT = Path("bench") / "results" / "engine-waiting"
-PIN_ENV = {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
+OMP: dict[str, dict[str, str]] = {
+    "default": {},
+    "bound": {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"},
+    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+}
 ADMIN_TOKEN = "engine-waiting-bench"
 MODES = ("offline", "served")
 
@@ -61,7 +68,8 @@ class Books:
 @dataclass(frozen=True, slots=True)
 class Run:
     mode: str
-    pinned: bool
+    omp: str
+    """Which ``OMP`` setting the engine's process ran under."""
     round: int
     threads: int
     wall_s: float
@@ -135,7 +143,7 @@ def _books(url: str) -> Books:
     )
 
 
-def served_run(threads: int, requests: int, pinned: bool, work: Path) -> tuple[float, Books]:
+def served_run(threads: int, requests: int, omp: str, work: Path) -> tuple[float, Books]:
     """A fresh server on the shipped model, a warm-up request, then the burst streamed."""
     from bench.child_server import start_server, stop_server
     from bench.load import LoadConfig, run_load
@@ -143,7 +151,7 @@ def served_run(threads: int, requests: int, pinned: bool, work: Path) -> tuple[f
     from sim.trace import TraceRequest, write_trace
 
     args = ["--dtype", "float32", "--num-threads", str(threads)]
-    proc, url = start_server(_model(), work, ADMIN_TOKEN, args, PIN_ENV if pinned else None)
+    proc, url = start_server(_model(), work, ADMIN_TOKEN, args, OMP[omp])
     try:
         warm = work / "warm.csv"
         write_trace(warm, [TraceRequest(0.0, 64, 4)] * 2)
@@ -160,52 +168,49 @@ def served_run(threads: int, requests: int, pinned: bool, work: Path) -> tuple[f
     return result.duration_s, after.minus(before)
 
 
-def run_one(mode: str, pinned: bool, round_: int, threads: int, requests: int) -> Run:
+def run_one(mode: str, omp: str, round_: int, threads: int, requests: int) -> Run:
     from bench.machine import load_average
 
     if mode == "served":
         with tempfile.TemporaryDirectory(prefix="servedeck-waiting-") as tmp:
-            wall, books = served_run(threads, requests, pinned, Path(tmp))
+            wall, books = served_run(threads, requests, omp, Path(tmp))
     else:
-        env = os.environ | (PIN_ENV if pinned else {})
+        env = os.environ | OMP[omp]
         command = [sys.executable, "-m", "bench.engine_waiting", "--child", str(threads)]
         command += ["--requests", str(requests)]
         answer = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
         data = json.loads(answer.stdout.strip().splitlines()[-1])
         wall, books = data["wall_s"], Books(**data["books"])
     load = load_average()
-    return Run(mode, pinned, round_, threads, wall, books, load[0] if load else float("nan"))
+    return Run(mode, omp, round_, threads, wall, books, load[0] if load else float("nan"))
 
 
 def summary(runs: list[Run]) -> str:
     lines = [
-        "| pinned | mode | runs | output tok/s | Σ step wall (s) | Σ step CPU / wall | "
+        "| OMP | mode | runs | output tok/s | Σ step wall (s) | Σ step CPU / wall | "
         "outside steps (s) | steps |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    medians: dict[tuple[bool, str], float] = {}
-    for pinned in (False, True):
+    medians: dict[tuple[str, str], float] = {}
+    for omp in OMP:
         for mode in MODES:
-            these = [r for r in runs if r.pinned == pinned and r.mode == mode]
+            these = [r for r in runs if r.omp == omp and r.mode == mode]
             if not these:
                 continue
             step_s = statistics.median(r.books.step_s for r in these)
-            medians[(pinned, mode)] = step_s
+            medians[(omp, mode)] = step_s
             lines.append(
-                f"| {'yes' if pinned else 'no'} | {mode} | {len(these)} | "
+                f"| {omp} | {mode} | {len(these)} | "
                 + _spread([r.tok_s for r in these])
                 + f" | {_spread([r.books.step_s for r in these])}"
                 + f" | {_spread([r.cpu_share for r in these], '.2f')}"
                 + f" | {_spread([r.outside_steps_s for r in these])}"
                 + f" | {statistics.median(r.books.steps for r in these):.0f} |"
             )
-    for pinned in (False, True):
-        offline, served = medians.get((pinned, "offline")), medians.get((pinned, "served"))
+    for omp in OMP:
+        offline, served = medians.get((omp, "offline")), medians.get((omp, "served"))
         if offline and served:
-            lines.append(
-                f"\nPinned {'yes' if pinned else 'no'}: Σ step wall served / offline "
-                f"{served / offline:.3f} (medians)."
-            )
+            lines.append(f"\n{omp}: Σ step wall served / offline {served / offline:.3f} (medians).")
     return "\n".join(lines) + "\n"
 
 
@@ -219,7 +224,7 @@ def _spread(values: list[float], spec: str = ".1f") -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--pin", nargs="+", choices=("off", "on"), default=["off", "on"])
+    parser.add_argument("--omp", nargs="+", choices=tuple(OMP), default=list(OMP))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--out", type=Path, default=OUT)
@@ -236,15 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[Run] = []
     print(f"CPU: {cpu_features().summary}; {args.threads} threads; float32", flush=True)
     for round_ in range(args.rounds):
-        for pin in args.pin:
+        for omp in args.omp:
             modes = MODES if round_ % 2 == 0 else MODES[::-1]
             for mode in modes:
-                run = run_one(mode, pin == "on", round_, args.threads, args.requests)
+                run = run_one(mode, omp, round_, args.threads, args.requests)
                 runs.append(run)
                 with jsonl.open("a") as f:
                     f.write(json.dumps(asdict(run) | {"cpu": cpu_features().summary}) + "\n")
                 print(
-                    f"round {round_} pin {pin} {mode}: {run.tok_s:.1f} tok/s, wall "
+                    f"round {round_} {omp} {mode}: {run.tok_s:.1f} tok/s, wall "
                     f"{run.wall_s:.1f} s, steps {run.books.step_s:.1f} s (CPU share "
                     f"{run.cpu_share:.2f}), outside steps {run.outside_steps_s:.1f} s, "
                     f"load {run.load_average:.1f}",

@@ -8,7 +8,7 @@ from bench.engine_waiting import Books, Run, summary
 
 def _run(mode: str, step_s: float, wall_s: float, round_: int = 0) -> Run:
     books = Books(steps=100, step_s=step_s, step_cpu_s=step_s * 0.9, output_tokens=8192)
-    return Run(mode, False, round_, 2, wall_s, books, 1.0)
+    return Run(mode, "default", round_, 2, wall_s, books, 1.0)
 
 
 def test_a_bursts_books_are_the_totals_difference() -> None:
@@ -23,5 +23,5 @@ def test_the_summary_sets_served_step_time_against_offline() -> None:
     assert run.outside_steps_s == 95.0 - 88.0
     assert run.cpu_share == 0.9
     text = summary(runs)
-    assert "Σ step wall served / offline 1.100" in text
-    assert "| no | served | 1 | 86.2 | 88.0 | 0.90 | 7.0 | 100 |" in text
+    assert "default: Σ step wall served / offline 1.100" in text
+    assert "| default | served | 1 | 86.2 | 88.0 | 0.90 | 7.0 | 100 |" in text
