@@ -15,7 +15,7 @@ from control.core import rest_cli
 POLL_S = 1.0
 
 
-def progress(restart: dict[str, Any]) -> str:
+def progress(restart: dict[str, Any]) -> str:  # Any: the admin API's JSON, read by key
     line = (
         f"restart {restart['id']} {restart['state']}: "
         f"{len(restart['left'])}/{len(restart['replicas'])} replaced"
@@ -47,7 +47,9 @@ def cmd_restart(args: argparse.Namespace, target: rest_cli.Target) -> None:
     print(f"done: {', '.join(restart['started'])}")
 
 
-def add_parser(sub: argparse._SubParsersAction, func: Callable[..., int]) -> None:
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], func: Callable[..., int]
+) -> None:
     """``servedeck fleet restart``; ``func`` runs the parsed args."""
     command = rest_cli.add_group(sub, "fleet", "the engine replicas (--replicas)", func)
     p = command("restart", "restart every replica, one at a time, draining each", cmd_restart)

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ray import exceptions as ray_exceptions
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
@@ -31,12 +31,17 @@ from engine.errors import EngineStepError, EngineStopped, QueueFull, RequestReje
 from engine.front import EngineFront, QueuedPrompt, request_ids
 from engine.outputs import RequestOutput
 
+if TYPE_CHECKING:
+    from control.fleet.replica import EngineReplica
+
 log = logging.getLogger(__name__)
 
 CUT_OFF_POLL_S = 0.5
 """How often a stream waiting for its next output looks for its replica's drain deadline."""
 CUT_OFF_KEPT_S = 600.0
 """How long a passed drain deadline is kept (a replica's id is never reused)."""
+Generated = DeploymentResponseGenerator[str | RequestOutput]
+"""A ``generate`` call's stream: the replica's id (its acknowledgement), then the outputs."""
 PASSED_THROUGH = (RequestRejected, QueueFull, EngineStepError, EngineStopped)
 """Errors a replica raises that reach the routes as themselves."""
 
@@ -44,7 +49,7 @@ PASSED_THROUGH = (RequestRejected, QueueFull, EngineStepError, EngineStopped)
 class FleetEngine:
     def __init__(
         self,
-        handle: DeploymentHandle,
+        handle: DeploymentHandle[EngineReplica],
         deployment: str,
         front: EngineFront,
         on_finished: Callable[[RequestOutput], None] | None = None,
@@ -114,7 +119,9 @@ class FleetEngine:
         router = router_of(self.deployment)
         return router.replica_ids() if router is not None else []
 
-    def call_each(self, method: str, *args: Any, timeout: float) -> dict[str, Any]:
+    # Any: each replica method's own result (or the exception it ended with); the caller knows
+    # which method it asked for
+    def call_each(self, method: str, *args: object, timeout: float) -> dict[str, Any]:
         """``method`` on every live replica (from a thread, not the event loop): each one's
         result, or the exception it ended with (``TimeoutError`` after ``timeout``).
 
@@ -141,8 +148,10 @@ class FleetEngine:
                         gone = True
                         continue
                     results[rid] = _as_timeout(exc)
-                    with contextlib.suppress(Exception):  # it raises the error of a call that
-                        response.cancel()  # failed, even one failing just after the timeout
+                    # cancel() raises the error of a call that failed, even one failing just
+                    # after the timeout (and Ray leaves it unannotated)
+                    with contextlib.suppress(Exception):
+                        response.cancel()  # type: ignore[no-untyped-call]
             if not gone:
                 break
         return results
@@ -215,7 +224,7 @@ class FleetStream:
             prompt.priority,
             prompt.tenant,
         )
-        self._gen: DeploymentResponseGenerator | None = None
+        self._gen: Generated | None = None
         self._done = False
         self.replica: str | None = None
         """The replica serving it (its acknowledgement says)."""
@@ -237,8 +246,8 @@ class FleetStream:
         try:
             hint = await self.fleet.probe_prefix(self._args[0])
             handle = self.fleet.handle.options(stream=True, method_name="generate")
-            self._gen = handle.remote(*self._args, route=hint)
-            self.replica = await self._gen.__anext__()  # the replica's acknowledgement
+            self._gen = cast(Generated, handle.remote(*self._args, route=hint))  # stream=True
+            self.replica = cast(str, await self._gen.__anext__())  # the acknowledgement
         except Exception as exc:
             self._done = True
             raise _public(exc, self.fleet.lost_note) from None
@@ -256,7 +265,8 @@ class FleetStream:
         except Exception as exc:
             self._done = True
             with contextlib.suppress(Exception):
-                self._gen.cancel()  # a cut-off stream: the replica aborts the request
+                # a cut-off stream: the replica aborts the request (Ray's cancel: unannotated)
+                self._gen.cancel()  # type: ignore[no-untyped-call]
             raise _public(exc, self.fleet.lost_note) from None
         if output.finished and self.fleet.on_finished is not None:
             try:
@@ -265,7 +275,7 @@ class FleetStream:
                 log.exception("on_finished hook failed")
         return output
 
-    async def _next_output(self, gen: DeploymentResponseGenerator) -> RequestOutput:
+    async def _next_output(self, gen: Generated) -> RequestOutput:
         """The replica's next output, or ``EngineStopped`` once its replica's drain deadline
         (``FleetEngine.cut_off``) has passed."""
         step = asyncio.ensure_future(gen.__anext__())
@@ -275,7 +285,7 @@ class FleetStream:
                 wait = CUT_OFF_POLL_S if cut is None else cut[0] - time.monotonic()
                 done, _ = await asyncio.wait({step}, timeout=max(0.0, min(wait, CUT_OFF_POLL_S)))
                 if done:
-                    return step.result()
+                    return cast(RequestOutput, step.result())  # after the acknowledgement
                 if cut is not None and time.monotonic() >= cut[0]:
                     raise EngineStopped(cut[1])
         finally:
@@ -284,7 +294,9 @@ class FleetStream:
 
     async def aclose(self) -> None:
         if not self._done and self._gen is not None:
-            self._gen.cancel()  # the replica's generator is cancelled: it aborts the request
+            # the replica's generator is cancelled: it aborts the request (Ray's cancel:
+            # unannotated)
+            self._gen.cancel()  # type: ignore[no-untyped-call]
         self._done = True
 
 

@@ -46,7 +46,7 @@ from serving.snapshot import EngineSnapshot
 
 if TYPE_CHECKING:  # the modules importing ray load once connect() set Ray's environment
     from control.fleet.client import FleetEngine, FleetStream
-    from control.fleet.router import FleetRouter
+    from control.fleet.registry import LiveRouter
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class Fleet(EngineService, ReplicaControl):
             raise
         return fleet
 
-    def router(self) -> FleetRouter | None:
+    def router(self) -> LiveRouter | None:
         from control.fleet.registry import router_of
 
         return router_of(self.engine.deployment)

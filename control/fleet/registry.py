@@ -5,11 +5,25 @@ router's own module would be a copy per unpickling; this module is imported by r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
-ROUTERS: dict[str, Any] = {}
+from control.fleet.score import ReplicaLoad
+
+
+class LiveRouter(Protocol):
+    """What the control plane reads of a ``FleetRouter`` (control/fleet/router.py, which
+    imports this module: the registry names no class of its)."""
+
+    def replica_ids(self) -> list[str]: ...
+
+    def loads(self) -> dict[str, ReplicaLoad | None]: ...
+
+    def in_flight(self) -> dict[str, int]: ...
+
+
+ROUTERS: dict[str, LiveRouter] = {}
 """Deployment name -> its ``FleetRouter`` (the one the handle in this process uses)."""
 
 
-def router_of(deployment: str) -> Any:
+def router_of(deployment: str) -> LiveRouter | None:
     return ROUTERS.get(deployment)

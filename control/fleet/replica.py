@@ -44,6 +44,8 @@ def replica_id() -> str:
 class EngineReplica:
     """The deployment's class: ``serve.deployment(EngineReplica)`` in ``runtime.py``."""
 
+    # settings: the policy version in force as JSON (Ray ships it as plain data), read back by
+    # PolicySettings; Any as in its model_dump
     def __init__(self, config: EngineConfig, settings: dict[str, Any], version: int) -> None:
         """``settings`` and ``version``: the version in force when the fleet was deployed. Ray
         restarts a dead replica with these same arguments; the control plane's reconcile job
@@ -74,7 +76,7 @@ class EngineReplica:
         request_id: str,
         priority: int = DEFAULT_PRIORITY,
         tenant: str = DEFAULT_TENANT,
-        route: Any = None,
+        route: object = None,
     ) -> AsyncIterator[RequestOutput | str]:
         """This replica's id once the engine admitted the request (``QueueFull`` comes before
         it: the control plane still answers 429), then its outputs (``route``: the router's
@@ -97,7 +99,10 @@ class EngineReplica:
     # -- the control plane's calls -------------------------------------------------------
 
     async def apply(
-        self, settings: dict[str, Any], version: int, replica: str | None = None
+        self,
+        settings: dict[str, Any],  # the policy version's JSON, as in __init__
+        version: int,
+        replica: str | None = None,
     ) -> int:
         """Put a policy version into force at the next step boundary; returns the version. A
         retry of the version still pending waits on the same commands."""
@@ -135,10 +140,10 @@ class EngineReplica:
         self.last_reclaim = await asyncio.wrap_future(self.local.reclaim())
         return self.last_reclaim
 
-    async def record_routing_stats(self) -> dict[str, Any]:
+    async def record_routing_stats(self) -> dict[str, int | None]:
         """Ray Serve asks this every ``ROUTING_STATS_PERIOD_S``: the router's inputs."""
 
-        def read() -> dict[str, Any]:
+        def read() -> dict[str, int | None]:
             scheduler, kv = self.engine.policy.snapshot(), self.engine.blocks.stats()
             return {
                 "waiting": scheduler.waiting,

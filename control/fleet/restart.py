@@ -16,7 +16,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from control.fleet.schemas import RestartState, RestartView
 
@@ -109,7 +109,7 @@ class RollingRestarts:
         threading.Thread(
             target=self._run, args=(fleet, restart), name="fleet-restart", daemon=True
         ).start()
-        return self.view(restart)
+        return self._view_of(restart)
 
     def _run(self, fleet: Fleet, restart: RollingRestart) -> None:
         fleet.engine.lost_note = restart.lost_note
@@ -124,7 +124,7 @@ class RollingRestarts:
             restart.finished_at = time.time()
             fleet.engine.lost_note = None
 
-    def _follow(self, fleet: Fleet, restart: RollingRestart, deployed: Future[Any]) -> None:
+    def _follow(self, fleet: Fleet, restart: RollingRestart, deployed: Future[None]) -> None:
         old = set(restart.replicas)
         seen = set(old)
         deadline = time.monotonic() + len(old) * (restart.drain_timeout_s + START_TIMEOUT_S)
@@ -149,8 +149,9 @@ class RollingRestarts:
 
     def view(self, restart: RollingRestart | None = None) -> RestartView | None:
         restart = restart or self.current
-        if restart is None:
-            return None
+        return None if restart is None else self._view_of(restart)
+
+    def _view_of(self, restart: RollingRestart) -> RestartView:
         states = _replica_states(restart) if restart.state == "running" else {}
         return RestartView(
             id=restart.id,
@@ -168,14 +169,14 @@ class RollingRestarts:
         )
 
 
-def _deploy(fleet: Fleet) -> Future[Any]:
+def _deploy(fleet: Fleet) -> Future[None]:
     """Deploy the application again, on a thread (``serve.run`` returns once it runs)."""
     from ray import serve
 
     from control.fleet.deployment import application
 
     app = application(fleet.settings, fleet.config, fleet.in_force, fleet.version)
-    done: Future[Any] = Future()
+    done: Future[None] = Future()
 
     def run() -> None:
         try:

@@ -26,7 +26,7 @@ class ReplicaGone(RuntimeError):
 
 
 class FleetRouter(RequestRouter):
-    def initialize_state(self, **kwargs) -> None:
+    def initialize_state(self, **kwargs: object) -> None:
         self._in_flight = InFlight()
         """``generate`` requests chosen for or sent to each replica, by Ray's request id."""
         self._affinity = PrefixAffinity()
@@ -82,8 +82,10 @@ class FleetRouter(RequestRouter):
         else:
             hint = None
         metadata = pending_request.metadata if pending_request is not None else None
-        generate = metadata is not None and metadata.call_method == "generate"
-        tries = self._in_flight.retry(metadata.internal_request_id) if generate else 0
+        generating = None  # a generate call's request id: the calls counted in flight
+        if metadata is not None and metadata.call_method == "generate":
+            generating = metadata.internal_request_id
+        tries = self._in_flight.retry(generating) if generating is not None else 0
         loads = {rid: ReplicaLoad.of(r.routing_stats) for rid, r in by_id.items()}
         ranks = rank(
             list(by_id),
@@ -92,13 +94,13 @@ class FleetRouter(RequestRouter):
             hint,
             attempt=tries,
         )
-        if generate and ranks:
+        if generating is not None and ranks:
             # Counted at once: the other routing tasks of a burst see it before it is sent.
-            self._in_flight.chosen(metadata.internal_request_id, ranks[0][0], tries + 1)
+            self._in_flight.chosen(generating, ranks[0][0], tries + 1)
         return [[by_id[rid] for rid in ids] for ids in ranks]
 
     def on_request_routed(
-        self, pending_request: PendingRequest, replica_id: ReplicaID, result
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: object
     ) -> None:
         if pending_request.metadata.call_method == "generate":
             request = pending_request.metadata.internal_request_id

@@ -33,6 +33,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 PREFIX_WEIGHT = 2.0
 """A whole prompt found in a replica's prefix cache is worth this many queued requests."""
@@ -40,6 +41,17 @@ ROUTING_STATS_PERIOD_S = 0.5
 """How often Ray Serve asks each replica for its routing stats."""
 FALLBACK_AFTER = 3
 """Tries of one request on its chosen replica before the other replicas are offered too."""
+
+
+class Draws(Protocol):
+    """What the ranking draws with: a seeded ``random.Random``, or the ``random`` module
+    itself (its shared generator)."""
+
+    def random(self) -> float: ...
+
+    def sample(self, population: Sequence[str], k: int) -> list[str]: ...
+
+    def shuffle(self, x: list[str]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -60,9 +72,11 @@ class ReplicaLoad:
     def of(cls, stats: Mapping[str, object] | None) -> ReplicaLoad | None:
         if not stats:
             return None
-        return cls(
-            **{k: stats[k] for k in ("waiting", "running", "free_blocks", "version") if k in stats}
-        )  # type: ignore[arg-type]  # Ray hands the routing stats over as an untyped dict
+        given = {
+            k: stats[k] for k in ("waiting", "running", "free_blocks", "version") if k in stats
+        }
+        # Ray hands the routing stats (the replica's record_routing_stats) over as a plain dict
+        return cls(**given)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -87,16 +101,16 @@ def rank(
     loads: Mapping[str, ReplicaLoad | None],
     in_flight: Mapping[str, int],
     hint: RouteHint | None,
-    rng: random.Random | None = None,
+    rng: Draws | None = None,
     attempt: int = 0,
 ) -> list[list[str]]:
     """Replica ids in ranks, the chosen one first alone; the rest as a second rank from the
     ``FALLBACK_AFTER``-th try of the same request on (``attempt`` counts from 0)."""
-    rng = rng or random
+    draws: Draws = random if rng is None else rng
     if not replicas:
         return []
     if hint is None:
-        ranked = two_choices(replicas, in_flight, rng)
+        ranked = two_choices(replicas, in_flight, draws)
     else:
         scored = []
         for r in replicas:
@@ -108,15 +122,13 @@ def rank(
                 fits = load.free_blocks >= hint.prompt_blocks - hits
                 cost = score(load, in_flight.get(r), hits, hint.prompt_blocks)
             scored.append((not fits, cost, r))
-        scored.sort(key=lambda item: (item[0], item[1], rng.random()))  # equal scores: at random
+        scored.sort(key=lambda item: (item[0], item[1], draws.random()))  # equal scores: at random
         ranked = [r for _, _, r in scored]
     rest = [r for r in replicas if r != ranked[0]]
     return [ranked[:1], rest] if rest and attempt >= FALLBACK_AFTER else [ranked[:1]]
 
 
-def two_choices(
-    replicas: Sequence[str], in_flight: Mapping[str, int], rng: random.Random | random.Random
-) -> list[str]:
+def two_choices(replicas: Sequence[str], in_flight: Mapping[str, int], rng: Draws) -> list[str]:
     """Power of two choices: two replicas at random, the one with fewer in flight first
     (equal counts: either)."""
     picked = list(replicas) if len(replicas) <= 2 else rng.sample(list(replicas), 2)
