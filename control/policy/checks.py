@@ -16,12 +16,13 @@ Body = TypeVar("Body", bound=BaseModel)
 class SettingsInvalid(ValueError):
     """Pydantic-style errors (``loc`` relative to the request body) naming every bad field."""
 
+    # Any: pydantic's error entries, JSON (their input is whatever the client sent)
     def __init__(self, errors: list[dict[str, Any]]) -> None:
         super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
         self.errors = errors
 
 
-def parse_body(model: type[Body], raw: Any, limits: EngineLimits) -> Body:
+def parse_body(model: type[Body], raw: Any, limits: EngineLimits) -> Body:  # Any: a JSON body
     """``raw`` as ``model``, the policy params checked against the engine caps in the same
     pass (one SettingsInvalid names every failing field); the one validation of the body."""
     try:
@@ -30,7 +31,9 @@ def parse_body(model: type[Body], raw: Any, limits: EngineLimits) -> Body:
         raise SettingsInvalid(pydantic_errors(named_tags(exc))) from None
 
 
-def pydantic_errors(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+def pydantic_errors(
+    exc: ValidationError, prefix: tuple[str | int, ...] = ()
+) -> list[dict[str, Any]]:  # Any: as SettingsInvalid's
     """Pydantic's error dicts, JSON-safe, ``loc`` prefixed."""
     errors = []
     for error in exc.errors(include_url=False):
@@ -46,5 +49,5 @@ def pydantic_errors(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> list[
     return errors
 
 
-def is_json(value: Any) -> bool:
+def is_json(value: object) -> bool:
     return value is None or isinstance(value, str | int | float | bool)

@@ -23,6 +23,8 @@ SETTINGS_KEYS = ("policy", "queue", "memory_reserve", "reclaim_interval_s")
 ``queue`` (every file printed before it existed) keeps the queue in force."""
 
 
+# Any below: the admin API's JSON bodies, read by key (the typed wire models are issue 43's
+# "one wire contract", not this room's).
 def settings_yaml(view: dict[str, Any]) -> str:
     """The active setting as a policy file: a comment saying which version, then the
     settings themselves (stored params only, so defaults keep following the server)."""
@@ -34,7 +36,7 @@ def settings_yaml(view: dict[str, Any]) -> str:
     return head + rest_cli.dump_yaml({key: view["settings"][key] for key in SETTINGS_KEYS})
 
 
-def _format_value(value: Any) -> str:
+def _format_value(value: object) -> str:
     return json.dumps(value)
 
 
@@ -109,7 +111,9 @@ def cmd_rollback(args: argparse.Namespace, target: rest_cli.Target) -> None:
     _print_result(response.json())
 
 
-def add_parser(sub: argparse._SubParsersAction, func: Callable[..., int]) -> None:
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], func: Callable[..., int]
+) -> None:
     """``servedeck policy get|apply|diff|history|rollback``; ``func`` runs the parsed args."""
     command = rest_cli.add_group(
         sub, "policy", "the active policy as code, over the admin API", func

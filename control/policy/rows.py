@@ -33,12 +33,12 @@ def seed(session: Session) -> PolicyVersion:
     return row
 
 
-def with_overrides(row: PolicyVersion, overrides: dict[str, Any]) -> PolicySettings:
+def with_overrides(row: PolicyVersion, overrides: dict[str, object]) -> PolicySettings:
     """A stored version's settings with start-up overrides on top. An overridden policy name
     that differs from the stored one comes with its default params."""
     settings = settings_of(row)
     name = overrides.get("policy.name")
-    if name is not None and name != settings.policy.name:
+    if isinstance(name, str) and name != settings.policy.name:  # a PolicyName (Settings)
         settings.policy = default_spec(name)
     for field in ("memory_reserve", "reclaim_interval_s"):
         if field in overrides:
@@ -60,8 +60,7 @@ def settings_of(row: PolicyVersion) -> PolicySettings:
 
 def status_of(row: PolicyVersion) -> VersionStatus:
     at = as_utc(row.state_at) if row.state_at is not None else None
-    # the column is a str; the store writes only VersionState's values into it
-    return VersionStatus(state=row.state, state_reason=row.state_reason, state_at=at)  # type: ignore[arg-type]
+    return VersionStatus(state=row.state, state_reason=row.state_reason, state_at=at)
 
 
 def public(row: PolicyVersion) -> PolicyVersionPublic:
@@ -79,6 +78,7 @@ def public(row: PolicyVersion) -> PolicyVersionPublic:
     )
 
 
+# Any: a setting's value by its dotted name, JSON (a policy's params are its own)
 def flatten(settings: PolicySettings) -> dict[str, Any]:
     flat: dict[str, Any] = {"policy.name": settings.policy.name}
     params = settings.policy.params.model_dump(mode="json")

@@ -5,6 +5,7 @@ schema."""
 from __future__ import annotations
 
 from datetime import datetime
+from types import EllipsisType
 from typing import Any, Literal
 
 from pydantic import (
@@ -25,7 +26,8 @@ from sim.groups import GroupFigures
 Source = Literal["default", "stored", "override"]
 
 
-def memory_reserve_field(default: Any = ...) -> Any:
+# These return Any as pydantic's Field does: the FieldInfo stands for the field's default.
+def memory_reserve_field(default: float | EllipsisType | None = ...) -> Any:
     return Field(
         default,
         ge=MEMORY_RESERVE_BOUNDS[0],
@@ -34,7 +36,7 @@ def memory_reserve_field(default: Any = ...) -> Any:
     )
 
 
-def reclaim_interval_field(default: Any = ...) -> Any:
+def reclaim_interval_field(default: float | EllipsisType | None = ...) -> Any:
     return Field(
         default,
         ge=RECLAIM_INTERVAL_BOUNDS[0],
@@ -81,7 +83,7 @@ class PolicySettings(BaseModel):
 class PolicyView(BaseModel):
     version: int
     settings: PolicySettings
-    effective_params: dict[str, Any] = Field(
+    effective_params: dict[str, Any] = Field(  # Any: the policy's own params, JSON
         description="The params in force, engine caps filled in for null defaults."
     )
     sources: dict[str, Source]
@@ -105,7 +107,7 @@ class PolicyUpdate(BaseModel):
 
     @field_validator("reason", mode="before")
     @classmethod
-    def _reason_not_blank(cls, value: Any) -> Any:
+    def _reason_not_blank(cls, value: object) -> object:
         # Before the constraints, so a blank reason gets this message, not the pattern's.
         if isinstance(value, str) and not value.strip():
             raise ValueError("reason must not be empty: say why the policy changes")
@@ -114,7 +116,7 @@ class PolicyUpdate(BaseModel):
 
 class FieldChange(BaseModel):
     field: str
-    before: Any
+    before: Any  # Any: the setting's value, JSON (rows.flatten)
     after: Any
 
 
@@ -253,7 +255,7 @@ class EngineLimitsView(BaseModel):
 
 
 class PolicySchema(BaseModel):
-    policies: dict[str, dict[str, Any]]
+    policies: dict[str, dict[str, Any]]  # Any: each policy's params JSON Schema
     memory_reserve: Bounds = Bounds(
         minimum=MEMORY_RESERVE_BOUNDS[0], maximum=MEMORY_RESERVE_BOUNDS[1]
     )

@@ -111,7 +111,7 @@ class PolicyStore:
         limits: EngineLimits,
         apply: Apply,
         metrics: ControlMetrics,
-        overrides: dict[str, Any] | None = None,
+        overrides: dict[str, object] | None = None,
     ) -> None:
         """``overrides`` maps ``policy.name``, ``memory_reserve`` or ``reclaim_interval_s``
         to a value forced by a start-up flag."""
@@ -149,7 +149,7 @@ class PolicyStore:
             status=status_of(row),
         )
 
-    def effective_params(self, spec: PolicySpec) -> dict[str, Any]:
+    def effective_params(self, spec: PolicySpec) -> dict[str, Any]:  # Any: a policy's params
         """Every param in force; a ``None`` default means the engine cap, shown as its value."""
         if spec.params.over_caps(self.limits):  # stored params that no longer fit: the
             spec = default_spec(spec.name)  # engine took the defaults
@@ -185,7 +185,7 @@ class PolicyStore:
 
     # -- validation ------------------------------------------------------------------------
 
-    def validate(self, raw: Any) -> PolicyUpdate:
+    def validate(self, raw: Any) -> PolicyUpdate:  # Any: a request body, JSON not yet read
         """Validate a PUT body against the live engine, once: raise SettingsInvalid naming
         every failing field, including policy params checked against the engine caps."""
         try:
@@ -383,7 +383,7 @@ class PolicyStore:
         if state == "applied":
             session.exec(
                 update(PolicyVersion)
-                .where(col(PolicyVersion.version) < version, PolicyVersion.state == "pending")
+                .where(col(PolicyVersion.version) < version, col(PolicyVersion.state) == "pending")
                 .values(
                     state="failed",
                     state_reason=f"superseded by version {version} before it was in force",
