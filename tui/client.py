@@ -152,7 +152,8 @@ class HttpClient:
                 method, path, json=json, params=params, headers=headers
             )
         except httpx.TransportError as exc:
-            raise Unreachable(f"{type(exc).__name__}: {exc or 'no answer'}") from exc
+            # a timeout's message is empty: say what it means
+            raise Unreachable(f"{type(exc).__name__}: {str(exc) or 'no answer'}") from exc
         if response.status_code >= 500:
             raise Unreachable(f"HTTP {response.status_code}: {_detail(response)}")
         if response.status_code >= 400:

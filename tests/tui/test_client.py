@@ -71,6 +71,17 @@ async def test_unreachable_on_refused_connection_and_5xx(recorded: RecordedServe
         await client.state()
 
 
+async def test_a_timeout_says_no_answer(recorded: RecordedServer) -> None:
+    """httpx's ReadTimeout has an empty message (a server whose steps outlast the timeout)."""
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("", request=request)
+
+    recorded.routes["GET", "/admin/state"] = slow
+    with pytest.raises(Unreachable, match=r"^ReadTimeout: no answer$"):
+        await recorded.client().state()
+
+
 async def test_read_only_client_never_sends_a_change(recorded: RecordedServer) -> None:
     client = recorded.client(read_only=True)
     with pytest.raises(ReadOnlyError):
