@@ -36,6 +36,8 @@ REQUIRED_ALERTS = {
     "ServedeckTTFTP99OverObjective",
     "ServedeckWaitingQueueNearFull",
     "ServedeckEngineStalled",
+    "ServedeckWaitingForKVBlocks",
+    "ServedeckEngineThreadWaiting",
 }
 
 
@@ -108,6 +110,56 @@ def test_dashboard_shows_throughput_queue_kv_latency_and_policy_changes() -> Non
         a for a in board["annotations"]["list"] if "servedeck_policy_info" in a.get("expr", "")
     ]
     assert len(policy) == 1 and "{{version}}" in policy[0]["titleFormat"]
+
+
+def test_dashboard_shows_why_requests_wait() -> None:
+    """Issue 41's row: waiting by reason (stacked) and its shares over the range, queue time
+    p50/p99, preemptions by cause, and the share of step time the engine thread waited."""
+    board = dashboard()
+    (start,) = [i for i, p in enumerate(board["panels"]) if p["title"] == "Why requests wait"]
+    panels = []
+    for panel in board["panels"][start + 1 :]:  # the row's panels: up to the next row
+        if panel["type"] == "row":
+            break
+        panels.append(panel)
+    queries = [t["expr"] for p in panels for t in p["targets"]]
+    wait = 'servedeck_request_wait_seconds_total{replica=~"$replica"}'
+    stacked = f"sum by (reason) (rate({wait}[$__rate_interval]))"
+    (by_reason,) = [p for p in panels if any(t["expr"] == stacked for t in p["targets"])]
+    assert by_reason["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+    (shares,) = [p for p in panels if p["type"] == "piechart"]
+    (share_target,) = shares["targets"]
+    assert share_target["expr"].startswith(f"sum by (reason) (increase({wait}[$__range]))")
+    assert share_target["instant"] is True
+    queue = [q for q in queries if "servedeck_request_queue_time_seconds_bucket" in q]
+    assert {q.split(",")[0] for q in queue} == {
+        "histogram_quantile(0.5",
+        "histogram_quantile(0.99",
+    }
+    assert any(q.startswith("sum by (cause) (rate(servedeck_preemptions_total") for q in queries)
+    (engine,) = [q for q in queries if "servedeck_engine_step_cpu_seconds_total" in q]
+    assert metric_names(engine) == {
+        "servedeck_engine_step_seconds_total",
+        "servedeck_engine_step_cpu_seconds_total",
+    }
+    assert engine.startswith("sum by (replica) (rate(servedeck_engine_step_seconds_total")
+
+
+def test_dashboard_panels_have_unique_ids_and_do_not_overlap() -> None:
+    board = dashboard()
+    panels = board["panels"]
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
+    cells: dict[tuple[int, int], str] = {}
+    for panel in panels:
+        pos = panel["gridPos"]
+        assert pos["x"] >= 0 and pos["x"] + pos["w"] <= 24, panel["title"]
+        for x in range(pos["x"], pos["x"] + pos["w"]):
+            for y in range(pos["y"], pos["y"] + pos["h"]):
+                assert (x, y) not in cells, (panel["title"], cells.get((x, y)))
+                cells[(x, y)] = panel["title"]
+    order = [(p["gridPos"]["y"], p["gridPos"]["x"]) for p in panels]
+    assert order == sorted(order), "panels are listed in the order they are laid out"
 
 
 def test_dashboard_queries_aggregate_over_the_replica_variable() -> None:

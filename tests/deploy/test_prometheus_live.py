@@ -1,7 +1,8 @@
 """The kit against a real Prometheus (Debian's ``prometheus`` binary): it scrapes one real
 server as two replicas with deploy/prometheus/prometheus.yml's job and loads alerts.yml; every
 rule evaluates without error; every dashboard query runs and answers; the KV panel's sum spans
-both replicas; a policy change shows up in the annotation query with its version."""
+both replicas; the waiting panel has every reason and the engine-waiting panel both replicas; a
+policy change shows up in the annotation query with its version."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import httpx
 import pytest
 import yaml
 
+from engine.timeline import WaitReason
 from tests.control.support import (
     ADMIN,
     NUM_KV_BLOCKS,
@@ -41,8 +43,11 @@ class Prometheus:
 
 
 def grafana(expr: str) -> str:
-    """A dashboard query as Grafana sends it with every replica selected."""
-    return expr.replace("$__rate_interval", WINDOW).replace("$replica", ".*")
+    """A dashboard query as Grafana sends it with every replica selected (the dashboard's
+    range, ``$__range``, as short as the rate window)."""
+    for variable, value in (("$__rate_interval", WINDOW), ("$__range", WINDOW)):
+        expr = expr.replace(variable, value)
+    return expr.replace("$replica", ".*")
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +121,15 @@ def test_dashboard_and_rules_work_on_a_real_prometheus(
     kv = prometheus.query(grafana(by_state))
     assert {row["metric"]["state"] for row in kv} == {"free", "used", "cached"}
     assert sum(float(row["value"][1]) for row in kv) == 2 * NUM_KV_BLOCKS  # both replicas
+
+    # Issue 41's row: every reason is a series (0 until seen), the engine's share per replica.
+    wait = "sum by (reason) (rate(servedeck_request_wait_seconds_total"
+    (by_reason,) = [q for q in dashboard_queries(board) if q.startswith(wait)]
+    assert {row["metric"]["reason"] for row in prometheus.query(grafana(by_reason))} == {
+        reason.value for reason in WaitReason
+    }
+    (engine,) = [q for q in dashboard_queries(board) if "engine_step_cpu" in q]
+    assert {row["metric"]["replica"] for row in prometheus.query(grafana(engine))} == {"a", "b"}
 
     (annotation,) = [a for a in board["annotations"]["list"] if "expr" in a]
 
