@@ -26,6 +26,8 @@ def seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g} s"
 
 
+# Any below: the admin API's JSON bodies, read by key (the typed wire models are issue 43's
+# "one wire contract", not this room's).
 def observed_line(observed: dict[str, Any] | None) -> str:
     if not observed:
         return "observed: nothing yet"
@@ -171,7 +173,9 @@ def cmd_decisions(args: argparse.Namespace, target: rest_cli.Target) -> None:
     print(f"{len(items)} decisions; {ERROR_NOTE}")
 
 
-def add_parser(sub: argparse._SubParsersAction, func: Callable[..., int]) -> None:
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], func: Callable[..., int]
+) -> None:
     """``servedeck guardrail get|set|mode|decisions``; ``func`` runs the parsed args."""
     command = rest_cli.add_group(sub, "guardrail", "the SLO guardrail, over the admin API", func)
     command("get", "print the config as YAML (what set -f takes), the status as comments", cmd_get)

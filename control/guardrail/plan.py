@@ -73,11 +73,15 @@ def _bound(config: GuardrailConfig, knob: str) -> tuple[float, float] | None:
     return None if found is None else (found.min, found.max)
 
 
-def _range(name: str, knob: str, config: GuardrailConfig, limits: EngineLimits) -> tuple[Any, Any]:
+def _range(
+    name: str, knob: str, config: GuardrailConfig, limits: EngineLimits
+) -> tuple[float, float]:
     """The knob's bounds for policy ``name``, its max lowered to the engine cap if it has one
     (a range wholly above the cap is left as it is: nothing in it is valid)."""
-    # the candidates come from the knobs that have bounds: never None here
-    low, high = _bound(config, knob)  # type: ignore[misc]
+    bound = _bound(config, knob)
+    if bound is None:  # the candidates come from the knobs that have bounds: never here
+        raise ValueError(f"the guardrail has no bounds for {knob}")
+    low, high = bound
     cap_name = POLICIES[name].params_model.caps.get(knob)
     if cap_name is not None:
         high = max(low, min(high, getattr(limits, cap_name)))
@@ -103,12 +107,13 @@ def _points(low: float, high: float, integer: bool) -> list[float]:
     return list(dict.fromkeys(points))
 
 
+# Any: a policy's params by name, JSON (each policy's own)
 def _effective(settings: PolicySettings, limits: EngineLimits) -> dict[str, Any] | None:
     params = settings.policy.params
     return None if params.over_caps(limits) else params.effective(limits)
 
 
-def _key(settings: PolicySettings, params: dict[str, Any]) -> tuple[Any, ...]:
+def _key(settings: PolicySettings, params: dict[str, Any]) -> tuple[object, ...]:
     name = settings.policy.name
     return (
         name,
@@ -131,7 +136,7 @@ def _within(settings: PolicySettings, params: dict[str, Any], config: GuardrailC
     return settings.policy.name in config.bounds.policies
 
 
-def _with(settings: PolicySettings, knob: str, value: Any) -> PolicySettings:
+def _with(settings: PolicySettings, knob: str, value: float) -> PolicySettings:
     if knob == "memory_reserve":
         return settings.model_copy(update={"memory_reserve": value})
     params = {**settings.policy.params.model_dump(), knob: value}

@@ -256,7 +256,7 @@ class Predictor:
     ) -> list[SettingPrediction]:
         assert self._executor is not None and self.spec is not None
         deadline = time.time() + timeout_s
-        future: Future = self._executor.submit(
+        future: Future[list[SettingPrediction]] = self._executor.submit(
             simulate_settings,
             self.spec,
             trace,

@@ -127,9 +127,8 @@ def summarise(
     judged = [r for r in records if objectives is None or objectives.judged(r.priority)]
     done = [r.metrics for r in judged if r.metrics.finish_time is not None]
     tokens = sum(len(m.token_times) for m in done)
-    span = max((m.finish_time for m in done), default=0.0) - min(
-        (m.arrival_time for m in done), default=0.0
-    )
+    finishes = [m.finish_time for m in done if m.finish_time is not None]  # all of them
+    span = max(finishes, default=0.0) - min((m.arrival_time for m in done), default=0.0)
     ttfts = [m.ttft for m in done if m.ttft is not None]
     tpots = [m.tpot for m in done if m.tpot is not None]
     goodput = None

@@ -3,8 +3,6 @@ the setting in force, and what changes. Pure (``control.guardrail.plan`` uses it
 
 from __future__ import annotations
 
-from typing import Any
-
 from control.guardrail.schemas import Candidate, Objectives
 from control.policy.schemas import PolicySettings
 
@@ -15,7 +13,7 @@ def _seconds(value: float | None) -> str:
     return f"{value:.2f} s" if value >= 0.1 else f"{value:.3f} s"
 
 
-def _value(value: Any) -> str:
+def _value(value: object) -> str:
     if value is None:
         return "default"
     return f"{value:.2f}" if isinstance(value, float) else str(value)

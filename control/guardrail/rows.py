@@ -70,6 +70,7 @@ def setting_row(update: GuardrailUpdate, actor: str) -> GuardrailSetting:
     )
 
 
+# Any: pydantic-style error entries, JSON (as control/policy/checks.py's)
 def cap_errors(update: GuardrailConfig, limits: EngineLimits) -> list[dict[str, Any]]:
     """Pydantic-style errors for bounds above the engine caps (``bounds.max_num_seqs.max``):
     the guardrail could never use them."""

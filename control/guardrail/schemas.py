@@ -67,7 +67,7 @@ class KnobBounds(_Strict):
     """Where the guardrail may move each knob; ``null`` leaves that knob as it is."""
 
     policies: list[PolicyName] = Field(
-        default_factory=lambda: ["continuous", "hybrid"],
+        default_factory=lambda: list[PolicyName](["continuous", "hybrid"]),
         min_length=1,
         description="Policies it may choose (the knobs below apply where a policy has them).",
     )

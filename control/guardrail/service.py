@@ -120,6 +120,7 @@ class Guardrail:
 
     def _status(self, session: Session, config: GuardrailConfig) -> GuardrailStatus:
         seen = self._seen
+        reason: str | None
         if config.mode == "off":
             active, reason = False, KILL_SWITCH
         elif not self._predictor.available:
