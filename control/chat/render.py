@@ -68,7 +68,7 @@ class RenderJob:
     """What the server sends a worker."""
 
     model_dir: str
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, Any]]  # Any: the template's context, JSON (as tools below)
     add_generation_prompt: bool
     tools: list[dict[str, Any]] | None = None
     """The request's tools, for a template that renders them (``takes_tools``)."""

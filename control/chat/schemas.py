@@ -24,6 +24,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import JsonDict
 
 from control.api.openai_fields import UnsupportedFields, _json_integer
 from control.schemas.completions import CompletionRequest, LogprobsCount, Usage, _valid_unicode
@@ -36,7 +37,7 @@ ROLES = ("system", "user", "assistant", "tool")
 """The roles a message may have."""
 
 
-def _shared(name: str) -> Any:
+def _shared(name: str) -> Any:  # Any: a type built at run time (an Annotated form)
     """``CompletionRequest``'s field ``name`` (type, bounds, default, description)."""
     info = CompletionRequest.model_fields[name]
     return Annotated[info.annotation, info]
@@ -71,7 +72,7 @@ class MessageToolCall(BaseModel):
     function: CalledFunction
 
 
-CALLS_ARE_AN_ASSISTANTS = {
+CALLS_ARE_AN_ASSISTANTS: JsonDict = {
     "if": {
         "properties": {"tool_calls": {"type": "array", "minItems": 1}},
         "required": ["tool_calls"],
@@ -99,7 +100,7 @@ class ChatMessage(BaseModel):
 
     @field_validator("content")
     @classmethod
-    def _content_unicode(cls, value: Any) -> Any:
+    def _content_unicode(cls, value: object) -> object:
         return _valid_unicode(value, "content") if isinstance(value, str) else value
 
     @field_validator("tool_call_id")
@@ -107,7 +108,7 @@ class ChatMessage(BaseModel):
     def _id_unicode(cls, value: str | None) -> str | None:
         return None if value is None else _valid_unicode(value, "tool_call_id")
 
-    def plain(self, i: int) -> dict[str, Any]:
+    def plain(self, i: int) -> dict[str, Any]:  # Any: the template's context, JSON
         """The message as the template sees it (``role``, ``content`` as text, ``name`` if
         given); raises ``RequestRejected`` naming the field (``messages[i].content[j].type``)
         when it is not a system, user or assistant message of text."""
@@ -156,7 +157,7 @@ class ChatMessage(BaseModel):
         for j, call in enumerate(self.tool_calls or []):
             field = f"{where}.tool_calls[{j}]"
             try:
-                arguments: Any = json.loads(call.function.arguments)
+                arguments: Any = json.loads(call.function.arguments)  # the client's JSON
             except ValueError:
                 arguments = call.function.arguments
             function = {"name": call.function.name, "arguments": arguments}
@@ -168,7 +169,7 @@ class ChatMessage(BaseModel):
         return calls
 
 
-TOP_LOGPROBS_NEEDS_LOGPROBS = {
+TOP_LOGPROBS_NEEDS_LOGPROBS: JsonDict = {
     "if": {"properties": {"top_logprobs": {"type": "integer"}}, "required": ["top_logprobs"]},
     "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
 }
@@ -192,7 +193,7 @@ class FunctionSpec(BaseModel):
         WithJsonSchema({"type": "string", "pattern": FUNCTION_NAME_PATTERN}),
     ] = Field(None, description="Letters, digits, _ and -, at most 64; unique among the tools.")
     description: StrictStr | None = None
-    parameters: dict[str, Any] | None = Field(
+    parameters: dict[str, Any] | None = Field(  # Any: a user's JSON Schema
         None,
         description="The arguments' JSON Schema (absent: none); bounded and compiled as "
         "response_format's schema is.",
@@ -224,7 +225,7 @@ class NamedToolChoice(BaseModel):
 ToolChoiceMode = Literal["none", "auto", "required"]
 
 
-FORCED_CALL_NEEDS_TOOLS = {
+FORCED_CALL_NEEDS_TOOLS: JsonDict = {
     "if": {
         "properties": {"tool_choice": {"anyOf": [{"const": "required"}, {"type": "object"}]}},
         "required": ["tool_choice"],
@@ -290,8 +291,10 @@ class ChatCompletionRequest(UnsupportedFields):
         None, description="Whether one answer may make several calls (default true)."
     )
 
-    _model_unicode = field_validator("model")(CompletionRequest._model_unicode.__func__)
-    _stops_as_list = field_validator("stop")(CompletionRequest._stops_as_list.__func__)
+    # the completions body's own validators (their classmethods' functions, which mypy's view
+    # of a classmethod does not show)
+    _model_unicode = field_validator("model")(CompletionRequest._model_unicode.__func__)  # type: ignore[attr-defined]
+    _stops_as_list = field_validator("stop")(CompletionRequest._stops_as_list.__func__)  # type: ignore[attr-defined]
 
     def conversation(self) -> list[dict[str, Any]]:
         """The messages as plain dicts for the template (see ``ChatMessage.plain``)."""
@@ -323,7 +326,7 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None
 
 
-def _absent(value: Any) -> bool:
+def _absent(value: object) -> bool:
     return value is None
 
 

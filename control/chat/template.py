@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import jinja2
 from jinja2 import meta
@@ -85,7 +85,7 @@ class _NoLoader(jinja2.BaseLoader):
     """``{% include %}``, ``{% import %}`` and ``{% extends %}`` find nothing: a checkpoint's
     template is one text, and may read no file."""
 
-    def get_source(self, environment: jinja2.Environment, template: str) -> Any:
+    def get_source(self, environment: jinja2.Environment, template: str) -> NoReturn:
         raise ChatTemplateError(
             f"the chat_template includes, imports or extends {template!r}: a chat template "
             "cannot load other templates",
@@ -105,6 +105,8 @@ def _range(*args: int) -> range:
         ) from None
 
 
+# Any in this module: a template's context (messages, tools, what a template passes to the
+# helpers it is given), arbitrary JSON and jinja values by design.
 class _Namespace(Namespace):
     """jinja's ``namespace`` that refuses attribute names starting with ``_``."""
 
@@ -248,9 +250,8 @@ def _token_text(value: Any) -> str | None:
     """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
     if isinstance(value, str):
         return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
+    content = value.get("content") if isinstance(value, dict) else None
+    return content if isinstance(content, str) else None
 
 
 def _read_json(path: Path) -> dict[str, Any]:

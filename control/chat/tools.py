@@ -65,7 +65,7 @@ class Function:
 
     name: str
     description: str | None
-    parameters: dict[str, Any]
+    parameters: dict[str, Any]  # Any: a user's JSON Schema; the calls' arguments are JSON too
 
     def as_tool(self) -> dict[str, Any]:
         """OpenAI's ``{"type": "function", "function": {...}}``, as templates receive it."""
