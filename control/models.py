@@ -35,6 +35,9 @@ def as_utc(moment: datetime) -> datetime:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
+# Any in this module: Field's own keyword arguments and return (the FieldInfo stands for the
+# default), and the JSON columns (sa_type=JSON): stored JSON, which a row written by an older
+# version keeps as it was.
 def timestamp_field(**kwargs: Any) -> Any:
     return Field(sa_type=DateTime(timezone=True), **kwargs)
 

@@ -38,7 +38,9 @@ def client_url(settings: Settings) -> str:
     return settings.local_url()
 
 
-def wait_ready(url: str, child: subprocess.Popen, timeout: float = STARTUP_TIMEOUT_S) -> None:
+def wait_ready(
+    url: str, child: subprocess.Popen[bytes], timeout: float = STARTUP_TIMEOUT_S
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if child.poll() is not None:
@@ -52,7 +54,7 @@ def wait_ready(url: str, child: subprocess.Popen, timeout: float = STARTUP_TIMEO
     raise TimeoutError(f"the server at {url} was not ready after {timeout:.0f} s")
 
 
-def stop(child: subprocess.Popen, drain_timeout_s: float = 0.0) -> int:
+def stop(child: subprocess.Popen[bytes], drain_timeout_s: float = 0.0) -> int:
     """SIGINT: the server drains (up to ``drain_timeout_s``) and stops; killed if it hangs."""
     if child.poll() is None:
         child.send_signal(signal.SIGINT)
