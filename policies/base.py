@@ -379,7 +379,7 @@ class SchedulingPolicy(ABC):
         self, seq: Sequence, num_tokens: int, batch: ScheduledBatch, may_preempt: bool = True
     ) -> bool:
         """Make room for ``num_tokens`` more of ``seq``'s tokens, preempting running sequences
-        (the discipline's victim: the newest under fcfs) while the pool is empty. False when
+        (the discipline's victim, docs/fairness.md's order) while the pool is empty. False when
         ``seq`` itself had to go (or, without ``may_preempt``, when there is no room).
 
         Preemption must not follow an admission in the same step: a newly admitted request

@@ -35,8 +35,13 @@ class QueueDiscipline(ABC):
         equals by ``key`` (None: as given). Lazy: a pass that stops early pays for what it took."""
 
     def victim(self, running: list[Sequence]) -> Sequence:
-        """Whom to preempt when the pool is dry: by default the newest running sequence."""
-        return running[-1]
+        """Whom to preempt, under every discipline (docs/fairness.md): the lowest priority
+        (the highest value), then the tenant most over its share (the largest counter in the
+        ledger, which every discipline keeps), then the latest arrival; among sequences equal
+        in all three (one batch's requests, a family's forks), the last in ``running``."""
+        counter = self.ledger.counter
+        # max() keeps the first of equals: walk from the end so the last one wins a tie.
+        return max(reversed(running), key=lambda s: (s.priority, counter(s.tenant), s.arrival_time))
 
     def rank(self, seq: Sequence) -> int:
         """The class a padded-group policy groups within (dynamic: classes first, then
@@ -56,7 +61,7 @@ class Fcfs(QueueDiscipline):
 
 
 class Priority(QueueDiscipline):
-    """Lower ``priority`` first; the victim is the highest value, the newest among those."""
+    """Lower ``priority`` first (the victim is the base class's: the highest value first)."""
 
     name = "priority"
 
@@ -69,10 +74,6 @@ class Priority(QueueDiscipline):
             return iter(sorted(seqs, key=_priority))  # stable: the queue's order among equals
         return iter(sorted(seqs, key=lambda s: (s.priority, key(s))))
 
-    def victim(self, running: list[Sequence]) -> Sequence:
-        worst = max(s.priority for s in running)
-        return next(s for s in reversed(running) if s.priority == worst)
-
     def rank(self, seq: Sequence) -> int:
         return seq.priority
 
@@ -84,9 +85,8 @@ class Fair(QueueDiscipline):
     """The Virtual Token Counter: the tenant with the least counter goes first; each pick
     raises that tenant's counter, within the pass, by what its prompt will cost when admitted
     (as the admission will), so one pass interleaves tenants as VTC's loop does. A tenant's
-    own sequences go by priority, then the policy's order. The victim is the newest sequence
-    of the running tenant with the largest counter (the one most over its share), the highest
-    priority value first within it."""
+    own sequences go by priority, then the policy's order. The victim is the base class's
+    (the highest priority value first, then the tenant with the largest counter)."""
 
     name = "fair"
 
@@ -134,13 +134,6 @@ class Fair(QueueDiscipline):
         if isinstance(seqs, WaitingQueue):
             self._grouped = (id(seqs), seqs.version, key, by_tenant)
         return by_tenant
-
-    def victim(self, running: list[Sequence]) -> Sequence:
-        ledger = self.ledger
-        most = max(running, key=lambda s: ledger.counter(s.tenant)).tenant
-        theirs = [s for s in running if s.tenant == most]
-        worst = max(s.priority for s in theirs)
-        return next(s for s in reversed(theirs) if s.priority == worst)
 
 
 def _priority(seq: Sequence) -> int:

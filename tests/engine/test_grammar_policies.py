@@ -33,7 +33,9 @@ Expect = Callable[[str], None]
 
 
 def wave(first: int) -> list[tuple[list[int], SamplingParams, Expect | None]]:
-    """Four constrained requests (one of them ``n`` = 2) and two unconstrained ones."""
+    """Four constrained requests (one of them ``n`` = 2) and two unconstrained ones. The
+    ``n`` = 2 request arrives after the first unconstrained one: the pool's preemption victim
+    is the latest arrival (docs/fairness.md), and a constrained row must be among them."""
 
     def schema_of(schema: dict[str, Any]) -> Expect:
         return lambda text: valid(text, schema)
@@ -53,14 +55,14 @@ def wave(first: int) -> list[tuple[list[int], SamplingParams, Expect | None]]:
             schema_of(SCHEMAS["nested"]),
         ),
         (
-            [*SHARED, first + 1],
-            SamplingParams(max_tokens=120, temperature=1.0, seed=3, n=2, constraint=long),
-            schema_of(LONG_ARRAY),
-        ),
-        (
             [*SHARED, first + 2],
             SamplingParams(max_tokens=70, temperature=0.0, ignore_eos=True),
             None,
+        ),
+        (
+            [*SHARED, first + 1],
+            SamplingParams(max_tokens=120, temperature=1.0, seed=3, n=2, constraint=long),
+            schema_of(LONG_ARRAY),
         ),
         (
             [*SHARED, first + 3],
