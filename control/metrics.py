@@ -73,10 +73,14 @@ class EngineCollector(Collector):
         snap = self.snapshot
         scheduler, kv, totals = (snap.scheduler, snap.kv, snap.totals) if snap else (None,) * 3
         yield _gauge(
-            "servedeck_requests_running", "Requests running.", scheduler and scheduler.running
+            "servedeck_requests_running",
+            "Requests running.",
+            None if scheduler is None else scheduler.running,
         )
         yield _gauge(
-            "servedeck_requests_waiting", "Requests waiting.", scheduler and scheduler.waiting
+            "servedeck_requests_waiting",
+            "Requests waiting.",
+            None if scheduler is None else scheduler.waiting,
         )
         yield _gauge(
             "servedeck_requests_constrained",
@@ -89,38 +93,44 @@ class EngineCollector(Collector):
         yield _gauge(
             "servedeck_requests_waiting_max",
             "Waiting requests before new ones get 429 (max_waiting).",
-            snap and snap.queue.max_waiting,
+            None if snap is None else snap.queue.max_waiting,
         )
         blocks = GaugeMetricFamily("servedeck_kv_blocks", "KV blocks by state.", labels=["state"])
         by_state = {"free": kv.free, "used": kv.used, "cached": kv.cached} if kv else {}
         for state in KV_STATES:
             blocks.add_metric([state], by_state.get(state, 0))
         yield blocks
-        yield _gauge("servedeck_kv_usage_ratio", "Used KV blocks / all blocks.", kv and kv.usage)
+        yield _gauge(
+            "servedeck_kv_usage_ratio",
+            "Used KV blocks / all blocks.",
+            None if kv is None else kv.usage,
+        )
         yield _gauge(
             "servedeck_kv_reserve_ratio",
             "Fraction of KV blocks admission must leave free.",
-            snap and snap.memory_reserve,
+            None if snap is None else snap.memory_reserve,
         )
         yield _counter(
-            "servedeck_prompt_tokens", "Prompt tokens computed.", totals and totals.prompt_tokens
+            "servedeck_prompt_tokens",
+            "Prompt tokens computed.",
+            None if totals is None else totals.prompt_tokens,
         )
         yield _counter(
             "servedeck_generation_tokens",
             "Tokens generated.",
-            totals and totals.generation_tokens,
+            None if totals is None else totals.generation_tokens,
         )
         yield _counter(
             "servedeck_engine_step_seconds",
             "Wall seconds the engine spent in its steps.",
-            totals and totals.step_seconds,
+            None if totals is None else totals.step_seconds,
         )
         yield _counter(
             "servedeck_engine_step_cpu_seconds",
             "The stepping thread's own CPU seconds in its steps (time.thread_time): below "
             "servedeck_engine_step_seconds by what it waited for (the GIL, a core, the other "
             "intra-op threads).",
-            totals and totals.step_cpu_seconds,
+            None if totals is None else totals.step_cpu_seconds,
         )
         preempted = CounterMetricFamily(
             "servedeck_preemptions",
