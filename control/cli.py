@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, get_args
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, get_args
 
 if TYPE_CHECKING:
     from control.core.config import Settings
@@ -52,7 +53,10 @@ def add_config_flags(
             note = ""
         else:
             note = f" (default {option.default})"
-        kind: dict = {"action": argparse.BooleanOptionalAction} if option.type is bool else {}
+        # Any: add_argument's keyword arguments
+        kind: dict[str, Any] = (
+            {"action": argparse.BooleanOptionalAction} if option.type is bool else {}
+        )
         if option.type in (int, float):
             kind["type"] = option.type
         parser.add_argument(
@@ -91,7 +95,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         m = output.metrics
         print(
             f"[{len(output.token_ids)} tokens, finish={output.finish_reason}, "
-            f"ttft={m.ttft * 1000:.1f} ms, e2e={m.e2e * 1000:.1f} ms]",
+            f"ttft={_ms(m.ttft)}, e2e={_ms(m.e2e)}]",
             file=sys.stderr,
         )
     return 0
@@ -278,6 +282,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ms(seconds: float | None) -> str:
+    """A latency in milliseconds (``-`` where the output has none)."""
+    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
 def cmd_admin(args: argparse.Namespace) -> int:
     """``servedeck policy|schedule|guardrail|fleet ...``: the admin API over HTTP."""
     from control.core.rest_cli import run
@@ -290,7 +299,7 @@ def _local_admin_token(db: str | None) -> str | None:
     from control.core.config import Settings
     from control.server import token_file
 
-    path = token_file(Settings(**({"db": db} if db else {})).db_path())
+    path = token_file((Settings(db=Path(db)) if db else Settings()).db_path())
     return path.read_text().strip() if path.is_file() else None
 
 
@@ -386,7 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    func: Callable[[argparse.Namespace], int] = args.func
+    return func(args)
 
 
 if __name__ == "__main__":
