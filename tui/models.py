@@ -194,6 +194,9 @@ class RequestInfo(Model):
     """The request's own priority: lower is served earlier (under the priority queue)."""
     wait: WaitNow | None = None
     """Why it waits now (a waiting request on a server that says; None otherwise)."""
+    constrained: bool = False
+    """A grammar constrains its output (response_format, structured_outputs, tools); False
+    from a server older than issue 28."""
 
 
 class RequestText(Model):

@@ -110,6 +110,27 @@ async def test_redraw_waits_while_a_modal_is_open() -> None:
         assert "waiting 40" in str(main.query_one(QueuePanel).render())
 
 
+async def test_the_queue_panel_counts_the_running_requests_a_grammar_constrains() -> None:
+    state = load("state")
+    assert "constrained" not in str(state["requests"])  # as an older server answers
+    server = RecordedServer()
+    app = console(server)
+    async with app.run_test() as pilot:
+        await poll_times(pilot, app, 1)
+        panel = app.screen.query_one(QueuePanel)
+        assert "constrained" not in str(panel.render())  # none: the line stays as it was
+        constrained = copy.deepcopy(state)
+        for request in constrained["requests"]:
+            request["constrained"] = True
+        running = sum(r["state"] == "running" for r in constrained["requests"])
+        assert 0 < running < len(constrained["requests"])  # a waiting one is not counted
+        server.states = [constrained]
+        app.poll()
+        await wait_for(pilot, lambda: app.polls_ok == 2)
+        await pilot.pause()
+        assert f"constrained {running}" in str(panel.render())
+
+
 async def test_stale_warning_keeps_the_picture_and_clears_on_reconnect() -> None:
     server = RecordedServer()
     app = console(server)

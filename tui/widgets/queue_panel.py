@@ -1,4 +1,5 @@
-"""Queue depths and what the scheduler is doing with them."""
+"""Queue depths and what the scheduler is doing with them; how many running requests a
+grammar constrains, where any is (issue 28)."""
 
 from __future__ import annotations
 
@@ -23,12 +24,14 @@ class QueuePanel(Widget):
         totals = state.totals
         params = sched.get("params") or state.policy.params
         draining = state.draining_to
+        constrained = sum(r.constrained and r.state == "running" for r in state.requests)
         lines = [
             Content.assemble(
                 "waiting ",
                 (str(state.queue.waiting), "bold"),
                 "  running ",
                 (str(state.queue.running), "bold"),
+                *(("  constrained ", (str(constrained), "bold")) if constrained else ()),
                 ("" if draining is None else f"  draining to {draining}", "bold $warning"),
             ),
             Content.assemble(
