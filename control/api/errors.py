@@ -45,6 +45,7 @@ _PUBLIC_ERRORS = {
 }
 
 
+# Any: FastAPI's responses= mapping (OpenAPI fragments), as control.schemas.errors.Responses
 def public_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` of a ``/v1`` route: each status it answers, in OpenAI's shape
     (``default`` also keeps FastAPI from declaring a 422 that ``/v1`` never sends)."""
@@ -93,6 +94,7 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+# Any: a pydantic error's input or context, whatever the client sent
 def json_safe(value: Any) -> Any:
     """``value`` with NaN/Infinity as their repr and every string printable."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -135,6 +137,7 @@ def _is_union_tag(part: str) -> bool:
     return not part.isidentifier() or part in {"str", "int", "float", "bool"} or part[0].isupper()
 
 
+# Any: a pydantic error's loc and entries (JSON)
 def param_of(loc: tuple[Any, ...] | list[Any]) -> str | None:
     """The request field an error's ``loc`` points at (``stream_options.include_usage``)."""
     parts = list(loc[1:]) if loc and loc[0] in ("body", "query", "path", "header") else []
@@ -180,6 +183,7 @@ def rejection_code(exc: RequestRejected) -> str:
 
 
 def install(app: FastAPI) -> None:
+    # Any: JSONResponse's own keyword arguments
     def answer(request: Request, status: int, message: str, **kwargs: Any) -> JSONResponse:
         return error_response(request.url.path, status, message, **kwargs)
 
@@ -199,6 +203,7 @@ def install(app: FastAPI) -> None:
         return JSONResponse({"detail": json_safe(jsonable_encoder(exc.errors()))}, 422)
 
     @app.exception_handler(StarletteHTTPException)
+    # Any: the handler's answer, Starlette's own (a Response)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Any:
         if not is_public(request.url.path):
             return await http_exception_handler(request, exc)
@@ -253,6 +258,7 @@ def install(app: FastAPI) -> None:
         return answer(request, 500, str(exc), code="engine_error")
 
     @app.exception_handler(FutureTimeout)
+    # Any: Starlette hands the exception over untyped
     async def engine_timeout(request: Request, exc: Any) -> JSONResponse:
         message = "the engine did not answer in time"
         return answer(request, 503, message, code="engine_timeout", headers={"Retry-After": "5"})

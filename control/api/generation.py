@@ -164,6 +164,7 @@ class Answers:
     what: str
 
     @property
+    # Any: FastAPI's responses= mapping (OpenAPI fragments)
     def responses(self) -> dict[int | str, dict[str, Any]]:
         """OpenAPI ``responses`` of the route: the answer, or with ``stream: true`` its
         server-sent events; then the ``/v1`` refusals."""

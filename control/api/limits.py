@@ -54,7 +54,7 @@ async def prompt_token_ids(prompts: Sequence[Prompt], front: EngineFront) -> lis
     it cannot fit, naming which prompt of a batch) and tokenized by the engine on a worker
     thread, so no request stalls the others."""
     if not any(isinstance(prompt, str) for prompt in prompts):
-        return [list(prompt) for prompt in prompts]
+        return [list(prompt) for prompt in prompts if not isinstance(prompt, str)]  # all of them
     return await run_in_threadpool(_tokenize, prompts, front)
 
 

@@ -48,7 +48,8 @@ def request_id_of(scope: Scope) -> str:
     for name, value in scope.get("headers", ()):
         if name == b"x-request-id":
             if _SANE_REQUEST_ID.fullmatch(value):
-                return value.decode("ascii")
+                raw: bytes = value  # ASGI header values are bytes
+                return raw.decode("ascii")
             break
     return uuid.uuid4().hex
 
@@ -161,6 +162,7 @@ class RequestGuard:
             metrics.count_refused(info.refusal or _REASON_BY_STATUS.get(status, "invalid"))
 
 
+# Any: the app state's metrics, read from the ASGI scope (untyped there)
 def _metrics_of(scope: Scope) -> Any:
     ctx = getattr(scope["app"].state, "ctx", None) if "app" in scope else None
     return None if ctx is None else ctx.metrics

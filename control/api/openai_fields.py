@@ -33,6 +33,7 @@ from control.schemas.response_format import ResponseFormat, StructuredOutputs
 from engine.tenants import DEFAULT_PRIORITY, MAX_PRIORITY, MAX_TENANT_NAME, MIN_PRIORITY
 
 
+# Any: a before-validator's input, the client's JSON
 def _json_integer(value: Any) -> Any:
     """JSON Schema's integer includes ``1.0``: an integral float becomes its int (a bool, a
     string or ``2.5`` is still refused)."""
@@ -90,6 +91,7 @@ class UnsupportedFields(OwnerFields):
         description="Only 0 (or null) is accepted: penalties are not supported.",
         json_schema_extra={"minimum": 0, "maximum": 0},
     )
+    # Any: OpenAI's fields this server refuses unless empty (never read): arbitrary JSON
     logit_bias: dict[str, Any] | None = Field(
         None,
         description="Only {} (or null) is accepted: logit bias is not supported.",
@@ -123,6 +125,7 @@ class UnsupportedFields(OwnerFields):
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
+    # Any: pydantic's ValidationInfo as it passes it; the value the client's JSON
     def _no_penalty(cls, value: float | None, info: Any) -> float | None:
         if value is not None and value != 0:
             raise _refuse(info.field_name, "0")

@@ -18,6 +18,7 @@ STOP_BODIES = ("CompletionRequest", "ChatCompletionRequest")
 """Request bodies with a ``stop`` list that ``check_stop_list`` bounds."""
 
 
+# Any in this module: the OpenAPI document, JSON
 def document_stop_limits(schema: dict[str, Any], max_strings: int, max_length: int) -> None:
     """``maxItems``/``maxLength`` of every ``stop`` in ``STOP_BODIES`` (what
     ``check_stop_list`` enforces), in place."""
@@ -51,7 +52,8 @@ def document_batch_size(schema: dict[str, Any], max_prompts: int) -> None:
 
 
 def _completion_request(schema: dict[str, Any]) -> dict[str, Any]:
-    return schema["components"]["schemas"]["CompletionRequest"]["properties"]
+    properties: dict[str, Any] = schema["components"]["schemas"]["CompletionRequest"]["properties"]
+    return properties
 
 
 def document_limits(

@@ -7,7 +7,7 @@ their last outputs kept by prompt and choice (``Finals``), and their usage summe
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -23,13 +23,17 @@ Finals = dict[tuple[int, int], RequestOutput]
 """The last output of each choice, by (prompt, the choice's index among its prompt's)."""
 
 
-class ChoiceRender(Protocol[Choice]):
+Choice_co = TypeVar("Choice_co", bound=BaseModel, covariant=True)
+
+
+class ChoiceRender(Protocol[Choice_co]):
     """A prompt's choices: a sequence's whole choice from its last output, or chunk by chunk
     (the next chunk of an output's choice, or None), numbered ``index`` in the answer."""
 
+    # Any: the whole answer's choice model (a completion's or a chat's), not the chunk's
     def final(self, output: RequestOutput, index: int) -> Any: ...
 
-    def chunk(self, output: RequestOutput, index: int) -> Choice | None: ...
+    def chunk(self, output: RequestOutput, index: int) -> Choice_co | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +60,9 @@ async def admitted(prompts: Sequence[PromptStream[Choice]]) -> None:
         raise
 
 
-async def merged(streams: Sequence[EngineStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def merged(
+    streams: Sequence[EngineStream],
+) -> AsyncGenerator[tuple[int, RequestOutput]]:
     """The outputs of several prompts' streams as they come, each with its prompt's place.
     Closing this early cancels the reads still waiting (a cancelled read aborts its request)."""
     if len(streams) == 1:  # the common case, without a task per output

@@ -120,6 +120,7 @@ def _structured(spec: StructuredOutputs) -> tuple[GrammarConstraint, str, str]:
     return choice_grammar(spec.choice), "structured_outputs.choice", INVALID_GRAMMAR
 
 
+# Any: a user's JSON Schema (and, in nesting, any JSON value)
 def schema_grammar(schema: dict[str, Any], field: str) -> GrammarConstraint:
     try:
         return json_schema_grammar(schema)

@@ -44,6 +44,7 @@ UNKNOWN_FUNCTION = "unknown_function"
 """``error.code`` of a ``tool_choice`` naming a function none of the tools has."""
 DUPLICATE_FUNCTION = "duplicate_function"
 """``error.code`` of tools that name one function twice."""
+# Any in this module: JSON Schemas and the template's conversation, JSON by nature
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 """A function given without ``parameters`` takes none: its arguments are ``{}``."""
 

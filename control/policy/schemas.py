@@ -17,7 +17,7 @@ from pydantic import (
 )
 
 from control.core.config import MEMORY_RESERVE_BOUNDS, RECLAIM_INTERVAL_BOUNDS
-from control.schemas.errors import AdminError
+from control.schemas.errors import AdminError, Responses
 from engine.timeline import HeldShare
 from policies.queue import FcfsQueue, QueueSpec
 from policies.spec import PolicySpec
@@ -53,10 +53,12 @@ REASON_PATTERN = r"\S"
 matches anywhere in the string, as pydantic's does)."""
 
 
-NOT_FOUND = {404: {"model": AdminError, "description": "No such policy version."}}
+NOT_FOUND: Responses = {404: {"model": AdminError, "description": "No such policy version."}}
 
 
-CONFLICT = {409: {"model": AdminError, "description": "If-Match names an older version."}}
+CONFLICT: Responses = {
+    409: {"model": AdminError, "description": "If-Match names an older version."}
+}
 
 
 class VersionStatus(BaseModel):

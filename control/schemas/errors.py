@@ -30,7 +30,10 @@ class AdminError(BaseModel):
     detail: str
 
 
-ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {  # FastAPI's `responses` (its own type)
+Responses = dict[int | str, dict[str, Any]]
+"""FastAPI's ``responses=`` mapping, its own type (Any: OpenAPI fragments)."""
+
+ADMIN_ERRORS: Responses = {
     401: {"model": AdminError, "description": "No bearer token (WWW-Authenticate: Bearer)."},
     403: {"model": AdminError, "description": "The bearer token is not this server's."},
     503: {
@@ -42,7 +45,7 @@ ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {  # FastAPI's `responses` (its 
 """What every admin route may answer besides its own codes (422 FastAPI declares itself)."""
 
 
-BAD_BODY = {400: {"model": AdminError, "description": "The body is not valid JSON."}}
+BAD_BODY: Responses = {400: {"model": AdminError, "description": "The body is not valid JSON."}}
 
 
 class StoreUnavailableError(AdminError):
@@ -58,7 +61,7 @@ class StoreUnavailableError(AdminError):
     in_force: bool | None = Field(None, description="Whether the engine runs that version.")
 
 
-STORE_UNAVAILABLE = {
+STORE_UNAVAILABLE: Responses = {
     503: {
         "model": StoreUnavailableError,
         "description": "Loading, shutting down, the engine is slow, or the store refused a "

@@ -25,7 +25,7 @@ def get_demo_load(ctx: ContextDep) -> DemoLoadView:
 @admin.put(
     "/demo-load",
     response_model=DemoLoadView,
-    responses={**BAD_BODY, 409: {"model": AdminError, "description": NOT_STARTED}},
+    responses=BAD_BODY | {409: {"model": AdminError, "description": NOT_STARTED}},
 )
 def put_demo_load(body: DemoLoadUpdate, ctx: ContextDep) -> DemoLoadView:
     if ctx.demo_load is None:

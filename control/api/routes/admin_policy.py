@@ -63,6 +63,7 @@ def get_schema(runtime: RuntimeDep) -> PolicySchema:
     )
 
 
+# Any in this module: a request body before validation, and OpenAPI documents: JSON
 async def json_body(request: Request) -> Any:
     """The request's JSON, unvalidated (None when it is none): a body that carries a policy
     spec is validated once, against the live engine's caps, by its route's dependency."""

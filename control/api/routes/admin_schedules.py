@@ -16,9 +16,9 @@ from control.policy.checks import parse_body
 from control.policy.store import SettingsInvalid
 from control.schedules.schemas import ScheduleCreate, ScheduleDetail, ScheduleList, ScheduleView
 from control.schedules.store import ScheduleNotFound
-from control.schemas.errors import ADMIN_ERRORS, BAD_BODY, AdminError
+from control.schemas.errors import ADMIN_ERRORS, BAD_BODY, AdminError, Responses
 
-NO_SCHEDULE = {404: {"model": AdminError, "description": "No such schedule."}}
+NO_SCHEDULE: Responses = {404: {"model": AdminError, "description": "No such schedule."}}
 ScheduleId = Annotated[int, Path(ge=1, le=SQLITE_INTEGER_MAX)]
 
 admin = APIRouter(
@@ -26,6 +26,7 @@ admin = APIRouter(
 )
 
 
+# Any: the request body before validation, JSON
 def checked_schedule(
     raw: Annotated[Any, Depends(json_body)], runtime: RuntimeDep
 ) -> ScheduleCreate:

@@ -8,12 +8,12 @@ from pathlib import Path
 from fastapi import APIRouter, Response
 
 from control.api.deps import AdminDep, RuntimeDep
-from control.schemas.errors import ADMIN_ERRORS
+from control.schemas.errors import ADMIN_ERRORS, Responses
 from sim.trace import TraceRequest, write_trace
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS)
 
-TRACE_CSV = {
+TRACE_CSV: Responses = {
     200: {
         "content": {"text/csv": {"schema": {"type": "string"}}},
         "description": "One row per recent finished request, oldest first: "

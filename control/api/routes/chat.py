@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from control.api.chat_choices import Render
@@ -56,7 +58,7 @@ async def create_chat_completion(
     ctx: ContextDep,
     request: Request,
     key: AuthKeyDep,
-):
+) -> BaseModel | StreamingResponse:
     check_request(body, runtime, ctx.settings)
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(
@@ -102,16 +104,16 @@ async def create_chat_completion(
         raise renamed from exc
     parse = style.format if tools is not None and style is not None else None
     render = Render(body, front, parse, tools is None or tools.parallel)
-    prompt = PromptStream(watched(runtime.text, stream, lambda: text), render)
+    part = PromptStream(watched(runtime.text, stream, lambda: text), render)
     return await ANSWERS.answer(
-        body, request_id, runtime, [prompt], request, len(token_ids), render.roles()
+        body, request_id, runtime, [part], request, len(token_ids), render.roles()
     )
 
 
 async def _render(
     renderer: ChatRenderer,
     model_dir: Path,
-    conversation: list[dict[str, Any]],
+    conversation: list[dict[str, Any]],  # Any: the template's context, JSON (as tools)
     add_generation_prompt: bool,
     tools: list[dict[str, Any]] | None,
 ) -> str:

@@ -17,10 +17,12 @@ import uuid
 from functools import partial
 
 from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
 from tokenizers import Tokenizer
 
 from control.api.deps import ApiKeyDep, AuthKeyDep, ContextDep, RuntimeDep
-from control.api.generation import Answers, check_request, sampling_params
+from control.api.generation import Answers, Generating, check_request, sampling_params
 from control.api.limits import (
     RequestCost,
     check_batch_size,
@@ -46,6 +48,12 @@ router = APIRouter(tags=["public"], dependencies=[ApiKeyDep])
 ANSWERS = Answers(CompletionResponse, CompletionResponse, "completion")
 
 
+def generating(body: CompletionRequest) -> Generating:
+    """The body as the generation code reads it: its ``stop`` is a list once validated
+    (``_stops_as_list``), while the field declares the wire's string or list."""
+    return body  # type: ignore[return-value]  # stop: a list after its validator (see above)
+
+
 @router.post("/v1/completions", response_model=CompletionResponse, responses=ANSWERS.responses)
 async def create_completion(
     body: CompletionRequest,
@@ -53,9 +61,9 @@ async def create_completion(
     ctx: ContextDep,
     request: Request,
     key: AuthKeyDep,
-):
+) -> BaseModel | StreamingResponse:
     settings = ctx.settings
-    check_request(body, runtime, settings)
+    check_request(generating(body), runtime, settings)
     prompts = body.prompts()
     check_batch_size(len(prompts), settings.max_batch_prompts)
     front = runtime.service.front
@@ -86,7 +94,7 @@ async def create_completion(
         )
         for i, (stream, prompt, tokens) in enumerate(zip(streams, prompts, token_ids, strict=True))
     ]
-    return await ANSWERS.answer(body, request_id, runtime, parts, request, sum(lengths))
+    return await ANSWERS.answer(generating(body), request_id, runtime, parts, request, sum(lengths))
 
 
 def prompt_request_ids(request_id: str, prompts: int) -> list[str]:
@@ -108,7 +116,11 @@ def engine_params(
     body: CompletionRequest, constraint: GrammarConstraint | None = None
 ) -> SamplingParams:
     return sampling_params(
-        body, body.max_tokens, body.logprobs, body.logprobs if body.echo else None, constraint
+        generating(body),
+        body.max_tokens,
+        body.logprobs,
+        body.logprobs if body.echo else None,
+        constraint,
     )
 
 

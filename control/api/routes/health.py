@@ -18,7 +18,7 @@ router = APIRouter(tags=["public"])
 
 
 @router.get("/health", response_model=Health, responses={503: {"model": HealthLoading}})
-def health(ctx: ContextDep):
+def health(ctx: ContextDep) -> Health | JSONResponse:
     runtime = ctx.runtime
     if runtime is None or not runtime.service.is_running:
         status = "loading" if runtime is None and ctx.load_error is None else "failed"
@@ -32,7 +32,7 @@ def health(ctx: ContextDep):
 
 
 @router.get("/ready", response_model=Ready, responses={503: {"model": NotReady}})
-def ready(ctx: ContextDep):
+def ready(ctx: ContextDep) -> Ready | JSONResponse:
     not_ready = ctx.not_ready()
     if not_ready is not None:
         headers = {"Retry-After": "1"} if not_ready.reason != "failed" else None

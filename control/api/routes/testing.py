@@ -41,6 +41,7 @@ class _PageCap:
 
     pages: int | None = None
 
+    # Any: SQLAlchemy's connect event hands the DBAPI connection, untyped there
     def __call__(self, dbapi_connection: Any, _record: Any) -> None:
         if self.pages is not None:
             cursor = dbapi_connection.cursor()
